@@ -1,0 +1,52 @@
+"""`python -m agent`: parse → plan → act. AgentError is caught here, once, as one line."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+from agent.errors import AgentError, ExitCode
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    logging.basicConfig(level=logging.INFO, format="[agent %(process)d] %(message)s", stream=sys.stderr)
+    try:
+        if argv and argv[0] in ("logs", "exec", "doctor"):
+            return _subcommand(argv[0], argv[1:])
+        from agent.cli import parse
+
+        command = parse(argv)
+        from agent.launch import launch  # after parsing: `--help` never imports the heavy parts
+
+        return launch(command, os.environ)
+    except AgentError as exc:
+        print(f"agent: error: {exc.message}", file=sys.stderr)
+        return int(exc.code)
+    except KeyboardInterrupt:
+        return 128 + 2
+
+
+def _subcommand(name: str, argv: list[str]) -> int:
+    if name == "doctor":
+        from agent import doctor
+
+        return doctor.main(argv, os.environ)
+    if name == "logs":
+        from agent import tail
+
+        return tail.main(argv)
+    from agent import exec as remote
+
+    return remote.main(argv, os.environ)
+
+
+if __name__ == "__main__":
+    code = main()
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Skip interpreter teardown: c10d's store threads must not be destroyed under our feet, and
+    # everything worth keeping (rank files, summary.json, the console) is already flushed.
+    os._exit(code if 0 <= code < 256 else int(ExitCode.RANK_FAILED))

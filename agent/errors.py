@@ -1,0 +1,28 @@
+"""The one user-facing error type and the agent's documented exit codes."""
+
+from __future__ import annotations
+
+import enum
+
+
+class ExitCode(enum.IntEnum):
+    """What `python -m agent` returns; README "Exit codes" documents the same table."""
+
+    OK = 0
+    RANK_FAILED = 1  # a rank on some node exited non-zero or died by a signal
+    USAGE = 2  # bad option, config, scheduler env, script, log dir: nothing was started
+    RENDEZVOUS = 3  # a node never arrived, or the store / a peer agent was lost
+    REFUSED = 4  # a payload or abort record that is unsigned, forged or altered
+    # 128 + N: the agent itself received signal N (SIGINT 130, SIGTERM 143)
+
+
+class AgentError(Exception):
+    """A failure the user can fix: rendered as one line, never as a traceback."""
+
+    def __init__(self, message: str, code: ExitCode = ExitCode.USAGE) -> None:
+        super().__init__(message)
+        self.message = message
+        self.code = code
+
+    def __str__(self) -> str:
+        return self.message

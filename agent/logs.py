@@ -1,0 +1,196 @@
+"""Rank pipes → rank files (raw bytes, nothing lost) + `host:rank` prefixed console lines.
+
+One reader thread per node multiplexes every pipe with a selector and large reads; files get the
+bytes synchronously. The console is a view: lines go through a bounded queue to one writer thread,
+and when the console cannot keep up, lines are dropped from the console only (counted, announced),
+so a slow terminal never blocks a rank.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import os
+import queue
+import selectors
+import threading
+import time
+from dataclasses import dataclass
+from typing import BinaryIO
+
+_READ = 1 << 16
+_MAX_PARTIAL = 1 << 16  # a console line longer than this is shown in pieces
+_TAIL_BYTES = 8192
+PALETTE = (36, 33, 32, 35, 34, 31, 96, 93, 92, 95, 94, 91)  # ANSI colours, one per rank (mod 12)
+
+
+@dataclass(frozen=True)
+class Stream:
+    rank: int
+    name: str  # "out" | "err"
+    path: str
+    prefix: bytes  # b"host:rank: ", maybe coloured
+    to_console: bool
+
+
+class _State:
+    def __init__(self, stream: Stream, file_fd: int) -> None:
+        self.stream = stream
+        self.file_fd = file_fd
+        self.partial = b""
+        self.tail = collections.deque[bytes]()
+        self.tail_size = 0
+        self.done = threading.Event()
+        self.last_output = time.monotonic()
+        self.bytes = 0
+
+
+class LogRouter:
+    def __init__(self, console_out: BinaryIO, console_err: BinaryIO, console_depth: int = 2048) -> None:
+        self._targets = {"out": console_out, "err": console_err}
+        self._selector = selectors.DefaultSelector()
+        self._wake_r, self._wake_w = os.pipe()
+        self._selector.register(self._wake_r, selectors.EVENT_READ, None)
+        self._pending: list[tuple[int, _State]] = []
+        self._lock = threading.Lock()
+        self._states: list[_State] = []
+        self._console: queue.Queue[tuple[str, bytes] | None] = queue.Queue(console_depth)
+        self._dropped: collections.Counter[int] = collections.Counter()
+        self._closing = False
+        self._reader = threading.Thread(target=self._read_loop, name="log-reader", daemon=True)
+        self._writer = threading.Thread(target=self._write_loop, name="console", daemon=True)
+        self._reader.start()
+        self._writer.start()
+
+    def add(self, pipe_fd: int, stream: Stream) -> _State:
+        """Route one pipe; the file is created (appending) before any byte arrives."""
+        file_fd = os.open(stream.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        state = _State(stream, file_fd)
+        with self._lock:
+            self._pending.append((pipe_fd, state))
+            self._states.append(state)
+        os.write(self._wake_w, b"x")
+        return state
+
+    # -- reading --------------------------------------------------------------------------
+    def _read_loop(self) -> None:
+        while True:
+            for key, _ in self._selector.select():
+                if key.data is None:
+                    os.read(self._wake_r, 4096)
+                    if not self._register_pending():
+                        return
+                    continue
+                self._drain(key.fd, key.data)
+
+    def _register_pending(self) -> bool:
+        with self._lock:
+            pending, self._pending = self._pending, []
+            closing = self._closing
+        for fd, state in pending:
+            self._selector.register(fd, selectors.EVENT_READ, state)
+        return not (closing and len(self._selector.get_map()) == 1)
+
+    def _drain(self, fd: int, state: _State) -> None:
+        try:
+            data = os.read(fd, _READ)
+        except OSError:
+            data = b""
+        if not data:
+            self._selector.unregister(fd)
+            os.close(fd)
+            self._finish(state)
+            return
+        _write_all(state.file_fd, data)
+        state.bytes += len(data)
+        state.last_output = time.monotonic()
+        if state.stream.name == "err":
+            self._keep_tail(state, data)
+        if state.stream.to_console:
+            self._to_console(state, data)
+
+    def _finish(self, state: _State) -> None:
+        if state.partial and state.stream.to_console:
+            self._enqueue(state, state.stream.prefix + state.partial + b"\n")
+            state.partial = b""
+        os.close(state.file_fd)
+        state.done.set()
+        with self._lock:
+            if self._closing and len(self._selector.get_map()) == 1:
+                os.write(self._wake_w, b"x")
+
+    def _keep_tail(self, state: _State, data: bytes) -> None:
+        state.tail.append(data)
+        state.tail_size += len(data)
+        while state.tail_size - len(state.tail[0]) >= _TAIL_BYTES:
+            state.tail_size -= len(state.tail.popleft())
+
+    # -- console --------------------------------------------------------------------------
+    def _to_console(self, state: _State, data: bytes) -> None:
+        data = state.partial + data
+        cut = data.rfind(b"\n")
+        if cut < 0:
+            state.partial = data
+            if len(data) > _MAX_PARTIAL:
+                state.partial = b""
+                self._enqueue(state, state.stream.prefix + data + b"\n")
+            return
+        state.partial = data[cut + 1 :]
+        prefix = state.stream.prefix
+        self._enqueue(state, prefix + data[:cut].replace(b"\n", b"\n" + prefix) + b"\n")
+
+    def _enqueue(self, state: _State, chunk: bytes) -> None:
+        try:
+            self._console.put_nowait((state.stream.name, chunk))
+        except queue.Full:
+            self._dropped[state.stream.rank] += chunk.count(b"\n")
+
+    def _write_loop(self) -> None:
+        while True:
+            item = self._console.get()
+            if item is None:
+                return
+            target = self._targets[item[0]]
+            try:
+                target.write(item[1])
+                if self._console.empty():
+                    target.flush()
+                    self._announce_drops()
+            except (OSError, ValueError):
+                pass  # a closed console must never stop the rank files
+
+    def _announce_drops(self) -> None:
+        if not self._dropped:
+            return
+        dropped, self._dropped = self._dropped, collections.Counter()
+        for rank, lines in sorted(dropped.items()):
+            self._targets["err"].write(
+                f"[agent] console too slow: {lines} lines of rank {rank} shown only in its log file\n".encode()
+            )
+        self._targets["err"].flush()
+
+    # -- queries and shutdown -------------------------------------------------------------
+    def stderr_tail(self, state: _State, lines: int = 20) -> list[str]:
+        text = b"".join(state.tail).decode("utf-8", "replace")
+        return text.splitlines()[-lines:]
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Wait for every pipe to reach EOF (bounded), then flush the console."""
+        deadline = time.monotonic() + timeout
+        for state in list(self._states):
+            state.done.wait(max(0.0, deadline - time.monotonic()))
+        with self._lock:
+            self._closing = True
+        os.write(self._wake_w, b"x")
+        self._reader.join(max(0.0, deadline - time.monotonic()))
+        self._console.put(None)
+        self._writer.join(timeout)
+        for target in self._targets.values():
+            with contextlib.suppress(OSError, ValueError):
+                target.flush()
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]

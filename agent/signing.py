@@ -1,0 +1,151 @@
+"""HMAC-SHA256 sealing of JSON records exchanged through the store, and the shared secret."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import hmac
+import json
+import os
+import re
+import secrets
+import stat
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from agent.errors import AgentError, ExitCode
+
+SECRET_ENV = "AGENT_SECRET"
+SECRET_RELPATH = Path(".config") / "launch-agent" / "secret"
+_MAC_RE = re.compile(r"[0-9a-f]{64}")
+_SAME_SECRET_HINT = (
+    f"every node must share the same {SECRET_ENV} (or the same ~/{SECRET_RELPATH}); "
+    "the sbatch script from `python -m bootstrap` exports one"
+)
+
+
+def load_secret(env: Mapping[str, str], home: Path) -> bytes:
+    """AGENT_SECRET if set and non-empty, else the per-user 0600 secret file (created if absent)."""
+    if env.get(SECRET_ENV):
+        return env[SECRET_ENV].encode("utf-8")
+    path = home / SECRET_RELPATH
+    if not path.exists():
+        try:
+            _create_secret(path)
+        except OSError as exc:
+            raise AgentError(
+                f"cannot create the secret file {path}: {exc.strerror}; "
+                f"set {SECRET_ENV} instead, or make {path.parent} writable"
+            ) from None
+    return _read_secret(path)
+
+
+def _create_secret(path: Path) -> None:
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        os.fchmod(fd, 0o600)  # whatever the umask
+        with os.fdopen(fd, "w") as out:
+            out.write(secrets.token_hex(32) + "\n")
+            out.flush()
+            os.fsync(out.fileno())
+        _publish(tmp, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+
+
+def _publish(tmp: Path, path: Path) -> None:
+    # link(), unlike rename(), never replaces: agents on several nodes sharing one home race
+    # here, and the losers must read the winner's secret rather than overwrite it.
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        pass
+    except OSError:  # a filesystem without hard links: rename, accepting the small race
+        if not path.exists():
+            os.replace(tmp, path)
+
+
+def _read_secret(path: Path) -> bytes:
+    try:
+        mode = stat.S_IMODE(path.stat().st_mode)
+        secret = path.read_bytes().strip()
+    except OSError as exc:
+        raise AgentError(
+            f"secret file {path} cannot be read: {exc.strerror}; fix or delete it"
+        ) from None
+    if mode & 0o077:
+        raise AgentError(
+            f"secret file {path} is readable by group or others (mode {mode:04o}); "
+            f"run: chmod 600 {path}"
+        )
+    if not secret:
+        raise AgentError(f"secret file {path} is empty; delete it and a new one is created")
+    return secret
+
+
+def seal(obj: Mapping[str, Any], key: bytes) -> bytes:
+    """Canonical JSON of obj plus its HMAC-SHA256: b'{"body":"<json>","mac":"<hex>"}'."""
+    _check_key(key)
+    try:
+        body = json.dumps(
+            obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False
+        )
+    except (TypeError, ValueError) as exc:
+        raise AgentError(f"cannot sign a record that is not plain JSON: {exc}") from None
+    record = {"body": body, "mac": _mac(body, key)}
+    return json.dumps(record, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode(
+        "ascii"
+    )
+
+
+def unseal(data: bytes, key: bytes, what: str) -> dict[str, Any]:
+    """The object sealed in data; anything unsigned, forged or altered is refused (REFUSED)."""
+    _check_key(key)
+    record = _parse_record(data, what)
+    if not hmac.compare_digest(_mac(record["body"], key), record["mac"]):
+        raise AgentError(
+            f"refusing {what}: its signature does not match (altered, or signed with another "
+            f"secret); {_SAME_SECRET_HINT}",
+            ExitCode.REFUSED,
+        )
+    try:
+        obj = json.loads(record["body"])
+    except ValueError:
+        obj = None
+    if not isinstance(obj, dict):
+        raise AgentError(f"refusing {what}: the signed body is not a JSON object", ExitCode.REFUSED)
+    return obj
+
+
+def _parse_record(data: bytes, what: str) -> dict[str, str]:
+    def refuse(why: str) -> AgentError:
+        return AgentError(f"refusing {what}: {why}", ExitCode.REFUSED)
+
+    if not isinstance(data, bytes | bytearray):
+        raise refuse(f"expected bytes, got {type(data).__name__}")
+    try:
+        record = json.loads(bytes(data).decode("ascii"))
+    except (UnicodeDecodeError, ValueError):
+        raise refuse("it is not a signed launch-agent record") from None
+    if not isinstance(record, dict) or "mac" not in record:
+        raise refuse("it is unsigned (launch-agent signs everything it publishes)")
+    if set(record) != {"body", "mac"} or not all(isinstance(v, str) for v in record.values()):
+        raise refuse("it is not a signed launch-agent record")
+    if not _MAC_RE.fullmatch(record["mac"]):
+        raise refuse("its signature is malformed")
+    return record
+
+
+def _mac(body: str, key: bytes) -> str:
+    return hmac.new(key, body.encode("utf-8"), hashlib.sha256).hexdigest()
+
+
+def _check_key(key: bytes) -> None:
+    if not isinstance(key, bytes) or not key:
+        raise AgentError(
+            "the signing secret is empty; set AGENT_SECRET or remove it to use the file"
+        )

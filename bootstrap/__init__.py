@@ -1,0 +1,1 @@
+"""bootstrap: writes the sbatch script that runs `python -m agent` on every node."""

@@ -1,0 +1,180 @@
+"""Benchmarks of launch-agent against torchrun on one machine (loopback nodes, CPU, gloo).
+
+    python scripts/bench.py [--quick] [--out bench-results] [--only launch,teardown,...]
+
+Writes a markdown report to stdout and <out>/bench.md, raw numbers to <out>/bench.json.
+Sections: launch overhead, teardown latency, rendezvous scale (+ reverse DNS), tee throughput,
+CLI start, steady-state agent cost. Each section has a time budget; repetitions stop when it is
+spent (every cell still gets at least one run), so the whole run stays under 10 minutes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench import cli_start, launch, rdzv, steady, teardown, tee  # noqa: E402
+from bench import common as c  # noqa: E402
+from bench.stats import Table, Target, targets_table  # noqa: E402
+
+SECTIONS = ("launch", "teardown", "rdzv", "tee", "cli", "steady")
+# What each section costs with one repetition per cell on this machine (seconds, loaded); the
+# sections before it keep this much of the run's time free for it.
+MIN_COST = {"launch": 150, "teardown": 85, "rdzv": 70, "tee": 55, "cli": 20, "steady": 30}
+RUN_SECONDS = 560  # the whole run; the hard limit is 10 minutes
+
+
+def log(message: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="one repetition per cell, shorter caps (~6 min)")
+    p.add_argument("--out", default="bench-results", help="directory for bench.md and bench.json")
+    p.add_argument("--only", default=",".join(SECTIONS), help=f"comma list of sections: {','.join(SECTIONS)}")
+    p.add_argument("--keep", action="store_true", help="keep the scratch directory (logs of every run)")
+    args = p.parse_args(argv)
+    args.sections = [s.strip() for s in args.only.split(",") if s.strip()]
+    unknown = set(args.sections) - set(SECTIONS)
+    if unknown:
+        p.error(f"unknown section(s) {', '.join(sorted(unknown))}; valid: {', '.join(SECTIONS)}")
+    return args
+
+
+def machine_facts() -> dict[str, Any]:
+    import torch  # only for its version; the benchmarks start their own processes
+
+    return {
+        "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "cores": os.cpu_count(), "usable_cores": len(os.sched_getaffinity(0)),
+        "python": platform.python_version(), "torch": torch.__version__,
+        "kernel": platform.release(), "machine": platform.machine(),
+        "gpu": bool(torch.cuda.is_available()), "loadavg_start": os.getloadavg(),
+    }
+
+
+def plan(quick: bool) -> dict[str, Any]:
+    """Repetitions and budgets (seconds) per section; a budget caps repetitions, never cells."""
+    if quick:
+        return {"launch": {"sizes": [1, 4, 8], "reps": {1: 1, 4: 1, 8: 1}, "budget": 100},
+                "teardown": {"ours_reps": 1, "torchrun_reps": 1, "budget": 90},
+                "rdzv": {"reps": 1, "torch_cap": 20.0, "budget": 60},
+                "tee": {"reps": 1, "budget": 60, "lines": 1_000_000, "bulk_mib": 64},
+                "cli": {"reps": 5}, "steady": {"seconds": 10.0}}
+    return {"launch": {"sizes": [1, 4, 8], "reps": {1: 3, 4: 3, 8: 2}, "budget": 280},
+            "teardown": {"ours_reps": 3, "torchrun_reps": 1, "budget": 100},
+            "rdzv": {"reps": 3, "torch_cap": 30.0, "budget": 75},
+            "tee": {"reps": 2, "budget": 100, "lines": 1_000_000, "bulk_mib": 256},
+            "cli": {"reps": 10}, "steady": {"seconds": 20.0}}
+
+
+def run_section(name: str, cfg: dict[str, Any], work: Path, raw: dict[str, Any], sections: list[str]) -> dict[str, Any]:
+    later = sections[sections.index(name) + 1:]
+    overlapped = "steady" if "teardown" in sections and "steady" in sections else None
+    reserve = sum(MIN_COST[s] for s in later if s != overlapped)
+    budget = c.Budget(cfg[name].get("budget", 600), reserve)
+    mine = cfg[name]
+    if name == "launch":
+        return launch.run(mine["sizes"], mine["reps"], budget, work, log)
+    if name == "teardown":
+        during = None
+        if "steady" in sections:  # the steady-state run fits in torchrun's idle 60 s cap: overlap them
+            def during() -> None:
+                raw["steady"] = steady.run(cfg["steady"]["seconds"], work, log)
+        return teardown.run(mine["ours_reps"], mine["torchrun_reps"], budget, work, log, during)
+    cfg = mine
+    if name == "rdzv":
+        return rdzv.run(cfg["reps"], cfg["torch_cap"], budget, work, log)
+    if name == "tee":
+        return tee.run(cfg["reps"], cfg["lines"], cfg["bulk_mib"], budget, work, log)
+    if name == "cli":
+        return cli_start.run(cfg["reps"], work, log)
+    return steady.run(cfg["seconds"], work, log)
+
+
+SUMMARIZERS: dict[str, Callable[[dict[str, Any]], tuple[Table | list[Table], list[Target], Any]]] = {
+    "launch": launch.summarize, "teardown": teardown.summarize, "rdzv": rdzv.summarize,
+    "tee": tee.summarize, "cli": cli_start.summarize, "steady": steady.summarize,
+}
+
+
+def render(facts: dict[str, Any], tables: list[Table], targets: list[Target], quick: bool) -> str:
+    head = [
+        "## Benchmark run" + (" (--quick)" if quick else ""), "",
+        f"- date: {facts['date']}; total wall {facts['total_s']:.0f} s",
+        f"- machine: {facts['cores']} cores ({facts['usable_cores']} usable), {facts['machine']}, kernel "
+        f"{facts['kernel']}, GPU: {'yes' if facts['gpu'] else 'none'}",
+        f"- python {facts['python']}, torch {facts['torch']}",
+        f"- load average at start {_load(facts['loadavg_start'])}, at end {_load(facts['loadavg_end'])} "
+        "(the machine is shared: compare ratios within this run, not across runs)",
+        "",
+    ]
+    body = [targets_table(targets).markdown()] + [t.markdown() for t in tables]
+    return "\n".join(head) + "\n" + "\n".join(body)
+
+
+def _load(values: Any) -> str:
+    return " / ".join(f"{v:.2f}" for v in values)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    c.install_cleanup()
+    t0 = time.monotonic()
+    c.DEADLINE = t0 + RUN_SECONDS
+    facts = machine_facts()
+    work = Path(tempfile.mkdtemp(prefix="la-bench-"))
+    log(f"scratch dir {work}; sections {', '.join(args.sections)}")
+    cfg = plan(args.quick)
+    raw: dict[str, Any] = {}
+    try:
+        for name in args.sections:
+            if name in raw:
+                continue  # already measured alongside another section
+            started = time.monotonic()
+            raw[name] = run_section(name, cfg, work, raw, args.sections)
+            raw[name]["section_s"] = time.monotonic() - started
+            log(f"{name}: done in {raw[name]['section_s']:.0f} s")
+            strays = c.cleanup()
+            if strays:
+                log(f"{name}: killed {strays} stray process(es)")
+    finally:
+        c.cleanup()
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+    facts["loadavg_end"] = os.getloadavg()
+    facts["total_s"] = time.monotonic() - t0
+    tables: list[Table] = []
+    targets: list[Target] = []
+    summaries: dict[str, Any] = {}
+    for name in args.sections:
+        table, found, summaries[name] = SUMMARIZERS[name](raw[name])
+        tables += table if isinstance(table, list) else [table]
+        targets += found
+    text = render(facts, tables, targets, args.quick)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "bench.md").write_text(text)
+    document = {"facts": facts, "plan": cfg, "raw": raw, "summary": summaries,
+                "targets": [t.__dict__ for t in targets]}
+    (out / "bench.json").write_text(json.dumps(document, indent=1, default=str))
+    print(text)
+    log(f"wrote {out / 'bench.md'} and {out / 'bench.json'} in {facts['total_s']:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

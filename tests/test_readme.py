@@ -1,0 +1,34 @@
+"""The README's two commands stay true: the example it shows runs, and CI runs its test command."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+from cluster import REPO, base_env
+
+
+def _blocks() -> list[str]:
+    return re.findall(r"```\n(.*?)```", (REPO / "README.md").read_text(), re.S)
+
+
+def test_readme_example_command_runs_every_rank(tmp_path):
+    install = next(b for b in _blocks() if "pip install" in b).strip()
+    assert install.startswith("pip install -e '.[dev]' && python -m agent ")
+    example = install.split(" && ", 1)[1].split()
+    assert example[:3] == ["python", "-m", "agent"]
+    argv = [sys.executable, "-m", "agent", "--log-dir", str(tmp_path / "logs"), *example[3:]]
+    proc = subprocess.run(argv, cwd=REPO, env=base_env(tmp_path), capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr
+    nproc = int(example[example.index("--nproc-per-node") + 1])
+    for rank in range(nproc):
+        assert re.search(rf"^\S+:{rank}: check_args: OK ", proc.stdout, re.M), proc.stdout
+    assert "job succeeded" in proc.stderr
+
+
+def test_ci_runs_the_readme_test_command():
+    test_command = next(b for b in _blocks() if "pytest" in b and "pip" not in b).strip()
+    ci = (REPO / ".ci" / "run").read_text()
+    assert test_command.replace("python ", "python3 ") in ci
+    assert "pip install -q -e '.[dev]'" in ci

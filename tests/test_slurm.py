@@ -1,0 +1,117 @@
+"""Issue 6 end to end on a real local Slurm (slurmctld + 2 slurmd on this machine).
+
+The session fixture starts the cluster with scripts/slurm/start-cluster.sh (idempotent). In CI
+(CI=true) a cluster that cannot start is a failure with the daemon logs, never a skip.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+from cluster import CHECK_ARGS, FIXTURE, REPO, job_processes, wait_for
+
+CONFIGS = [str(REPO / "configs" / "data.yml"), str(REPO / "configs" / "model.yml")]
+
+
+@pytest.fixture(scope="session")
+def slurm():
+    script = REPO / "scripts" / "slurm" / "start-cluster.sh"
+    have = shutil.which("slurmctld") or shutil.which("apt-get")
+    if not have and os.environ.get("CI") != "true":
+        pytest.skip("no Slurm here and no apt-get to install it")
+    proc = subprocess.run(["bash", str(script), "2"], capture_output=True, text=True, timeout=600)
+    if proc.returncode != 0:
+        pytest.fail(f"local Slurm did not start:\n{proc.stdout}\n{proc.stderr}")
+    return True
+
+
+def _env(tmp_path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env["PATH"]
+    return env
+
+
+def _job_state(job: str) -> dict[str, str]:
+    out = subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True).stdout
+    return dict(re.findall(r"(\w+)=(\S+)", out))
+
+
+def _finished(job: str) -> dict[str, str] | None:
+    state = _job_state(job)
+    return state if state.get("JobState") not in (None, "PENDING", "RUNNING", "CONFIGURING", "COMPLETING") else None
+
+
+def test_generated_sbatch_runs_check_args_on_every_rank(slurm, tmp_path):
+    script = tmp_path / "job.sbatch"
+    logs = tmp_path / "logs"
+    gen = subprocess.run([
+        sys.executable, "-m", "bootstrap", "-J", "la-e2e", "-N", "2", "--gpus-per-node", "0",
+        "--cpus-per-task", "2", "--sbatch-output", str(tmp_path / "job-%j.out"),
+        f"--agent-opts=--nproc-per-node 2 --log-dir {logs}", "-o", str(script), CHECK_ARGS, *CONFIGS,
+    ], capture_output=True, text=True, cwd=REPO, env=_env(tmp_path), timeout=60)
+    assert gen.returncode == 0, gen.stderr
+    sub = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True,
+                         cwd=tmp_path, env=_env(tmp_path), timeout=60)
+    assert sub.returncode == 0, sub.stderr
+    job = sub.stdout.strip().split(";")[0]
+    state = wait_for(lambda: _finished(job), 240, f"job {job} to finish", interval=0.5)
+    output = (tmp_path / f"job-{job}.out").read_text()
+    assert state["JobState"] == "COMPLETED" and state["ExitCode"] == "0:0", output
+    for rank in range(4):
+        assert "check_args: OK" in (logs / f"rank-{rank:05d}.out").read_text()
+    summary = (logs / "summary.json").read_text()
+    assert '"status": "succeeded"' in summary and '"n2"' in summary
+    assert "master node: n1" in output
+
+
+def test_srun_from_an_salloc_shell(slurm, tmp_path):
+    logs = tmp_path / "logs"
+    proc = subprocess.run(
+        ["salloc", "-N2", "--immediate=60", "srun", "--ntasks-per-node=1", sys.executable, "-m", "agent",
+         "--nproc-per-node", "1", "--log-dir", str(logs), FIXTURE, "--stdout", "hello from slurm"],
+        capture_output=True, text=True, cwd=tmp_path, env=_env(tmp_path), timeout=180,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "n1:0: hello from slurm" in proc.stdout and "n2:1: hello from slurm" in proc.stdout
+    assert (logs / "rank-00001.out").read_text() == "hello from slurm\n"
+
+
+def test_scancel_leaves_no_process_behind(slurm, tmp_path):
+    ready = tmp_path / "ready"
+    ready.mkdir()
+    script = tmp_path / "sleepy.sbatch"
+    script.write_text(
+        "#!/bin/bash\n#SBATCH -N 2\n#SBATCH --ntasks-per-node=1\n"
+        f"#SBATCH --output={tmp_path}/sleepy-%j.out\n"
+        f"srun {sys.executable} -m agent --nproc-per-node 2 --log-dir {tmp_path}/logs "
+        f"{FIXTURE} --ready-to {ready} --others-wait --exit 1 --on\n"
+    )
+    sub = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True,
+                         cwd=tmp_path, env=_env(tmp_path), timeout=60)
+    assert sub.returncode == 0, sub.stderr
+    job = sub.stdout.strip().split(";")[0]
+    wait_for(lambda: len(list(ready.iterdir())) == 4, 180, "all 4 ranks to run", interval=0.2)
+    marker = f"{job}.0"
+    assert len(job_processes(marker)) >= 4
+    subprocess.run(["scancel", job], check=True, timeout=30)
+    wait_for(lambda: _finished(job), 60, "the job to end", interval=0.2)
+    wait_for(lambda: not job_processes(marker) and not _agents_of(tmp_path), 30, "no process of the job left")
+    assert _finished(job)["JobState"] == "CANCELLED"
+
+
+def _agents_of(tmp_path) -> list[int]:
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if str(tmp_path).encode() in f.read() and int(pid) != os.getpid():
+                    found.append(int(pid))
+        except OSError:
+            continue
+    return found
