@@ -65,6 +65,7 @@ def launch_spec(
         deepspeed=options.deepspeed,
         rank_prefix=options.rank_prefix,
         prefix_ranks=parse_rank_set(options.rank_prefix_ranks, "--rank-prefix-ranks"),
+        agent_store=world.agents > 1,
     )
 
 

@@ -63,7 +63,7 @@ class NodeAgent:
         )
         ns = namespace(w.job_id, w.step_id)
         if self.leader:
-            store = Store.host(Endpoint(w.master_addr, port), ns, f"{w.host} (node 0)")
+            store = Store.host(Endpoint(w.master_addr, port), ns, f"{w.host} (node 0)", alone=w.agents == 1)
         else:
             who = "node 0's agent" + (f" ({w.hosts[0]})" if w.hosts else "")
             store = Store.connect(Endpoint(w.master_addr, port), ns, self.options.rdzv_timeout, who)

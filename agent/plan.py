@@ -43,6 +43,7 @@ class Launch:
     deepspeed: bool = False
     rank_prefix: str | None = None
     prefix_ranks: frozenset[int] | None = None  # None: every rank
+    agent_store: bool = True  # False for a one-agent job: its rank 0 hosts the store
 
 
 @dataclass(frozen=True)
@@ -83,8 +84,9 @@ def rank_env(
         "ROLE_NAME": "default",
         "MASTER_ADDR": launch.master_addr,
         "MASTER_PORT": str(launch.master_port),
-        # Ranks join the agent's store instead of rank 0 binding MASTER_PORT (torch honours this).
-        "TORCHELASTIC_USE_AGENT_STORE": "True",
+        # Ranks join the agent's store instead of rank 0 binding MASTER_PORT (torch honours this);
+        # a one-agent job hosts no TCPStore (it would cost the agent a torch import): rank 0 does.
+        "TORCHELASTIC_USE_AGENT_STORE": str(launch.agent_store),
         "TORCHELASTIC_RESTART_COUNT": str(launch.attempt),
         "TORCHELASTIC_MAX_RESTARTS": str(launch.max_restarts),
         "TORCHELASTIC_RUN_ID": launch.job_id or "local",

@@ -1,6 +1,8 @@
 """The job's c10d TCPStore: node 0 hosts it, every agent joins with O(1) operations.
 
-The only module that imports torch.distributed. Keys live under `la/<job>/<step>/`; per-attempt
+The only module that imports torch.distributed, and only node 0 needs it (to host the server):
+the other agents talk to it through agent.store_client, which is torch-free, and fall back to
+torch's client only if the server speaks a dialect that client does not know. Keys live under `la/<job>/<step>/`; per-attempt
 keys under `.../a<attempt>/`. Nothing is ever unpickled: values are JSON, and whatever another
 process could forge (the config payload, the abort record) is sealed with HMAC (agent.signing).
 """
@@ -9,12 +11,15 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
 from agent.errors import AgentError, ExitCode
+from agent.local_store import LocalStore
+from agent.store_client import ProtocolMismatch, StoreClient
 
 _LONG = timedelta(days=7)
 
@@ -51,14 +56,21 @@ class Store:
 
     # -- opening --------------------------------------------------------------------------
     @classmethod
-    def host(cls, endpoint: Endpoint, namespace: str, where: str) -> Store:
-        """Node 0: bind the port now (fail fast if taken) and serve until this agent exits."""
-        tcp_store = _torch_store()
+    def host(cls, endpoint: Endpoint, namespace: str, where: str, alone: bool = False) -> Store:
+        """Node 0: bind the port now (fail fast if taken) and serve until this agent exits.
+
+        `alone`: a one-agent job keeps its store in process; its rank 0 will host the ranks'
+        store on the given port (checked free now) or on a free one.
+        """
         try:
-            server = tcp_store(
+            if alone:
+                if endpoint.port:
+                    _probe(endpoint.port)
+                return cls(LocalStore(), endpoint, namespace)
+            server = _torch_store()(
                 "0.0.0.0", endpoint.port, is_master=True, wait_for_workers=False, timeout=_LONG
             )
-        except (RuntimeError, ValueError) as exc:
+        except (RuntimeError, ValueError, OSError) as exc:
             raise AgentError(
                 f"cannot open the job store on {where} port {endpoint.port}: {_first_line(exc)}; "
                 "another job may hold it: pass --master-port PORT (a free port)",
@@ -70,12 +82,12 @@ class Store:
     @classmethod
     def connect(cls, endpoint: Endpoint, namespace: str, timeout: float, who: str) -> Store:
         """Other agents: connect, retrying until `timeout` (node 0 may start later)."""
-        tcp_store = _torch_store()
         try:
-            client = tcp_store(
-                endpoint.addr, endpoint.port, is_master=False, timeout=timedelta(seconds=timeout)
-            )
-        except (RuntimeError, ValueError) as exc:
+            try:
+                client = StoreClient.connect(endpoint.addr, endpoint.port, timeout)
+            except ProtocolMismatch:
+                client = _torch_client(endpoint, timedelta(seconds=timeout))
+        except (RuntimeError, ValueError, OSError) as exc:
             raise AgentError(
                 f"rendezvous failed: {who} at {endpoint.addr}:{endpoint.port} did not answer "
                 f"within {timeout:g}s ({_first_line(exc)}); is node 0's agent running? "
@@ -86,12 +98,21 @@ class Store:
 
     def another_client(self) -> Store:
         """A second connection, for a thread that blocks (watchers) or ticks (heartbeats)."""
-        tcp_store = _torch_store()
-        client = tcp_store(self.endpoint.addr, self.endpoint.port, is_master=False, timeout=_LONG)
+        if isinstance(self._client, LocalStore):
+            return self
+        if isinstance(self._client, StoreClient):
+            client: Any = StoreClient.connect(self.endpoint.addr, self.endpoint.port, 30.0)
+        else:
+            client = _torch_client(self.endpoint, _LONG)
         return Store(client, self.endpoint, self.ns)
 
     def serve_workers(self) -> int:
-        """Node 0: a fresh store for the ranks of one attempt (torch's agent-store protocol)."""
+        """Node 0: a fresh store for the ranks of one attempt (torch's agent-store protocol).
+
+        A one-agent job only picks a free port: its rank 0 hosts the store (plan.rank_env).
+        """
+        if isinstance(self._client, LocalStore):
+            return self.endpoint.port or _probe(0)
         tcp_store = _torch_store()
         server = tcp_store("0.0.0.0", 0, is_master=True, wait_for_workers=False, timeout=_LONG)
         self._worker_servers = [*getattr(self, "_worker_servers", []), server]
@@ -121,7 +142,9 @@ class Store:
 
     def wait(self, keys: Iterable[str], timeout: float | None) -> bool:
         """Block until every key exists; False on timeout (other errors propagate)."""
-        span = _LONG if timeout is None else timedelta(seconds=max(timeout, 0.001))
+        span: Any = timeout
+        if not isinstance(self._client, (StoreClient, LocalStore)):
+            span = _LONG if timeout is None else timedelta(seconds=max(timeout, 0.001))
         try:
             self._client.wait(list(keys), span)
         except RuntimeError as exc:  # DistStoreError subclasses RuntimeError
@@ -135,6 +158,17 @@ class Store:
 
     def multi_get_ints(self, keys: list[str]) -> list[int]:
         return [int(bytes(v) or b"0") for v in self._client.multi_get(keys)]
+
+
+def _probe(port: int) -> int:
+    """Bind `port` (0: any) and let it go: the port a one-agent job's rank 0 will bind."""
+    with socket.socket() as probe:
+        probe.bind(("", port))
+        return probe.getsockname()[1]
+
+
+def _torch_client(endpoint: Endpoint, timeout: timedelta) -> Any:
+    return _torch_store()(endpoint.addr, endpoint.port, is_master=False, timeout=timeout)
 
 
 def _first_line(exc: BaseException) -> str:

@@ -1,0 +1,121 @@
+"""Our torch-free TCPStore client against torch's real server, and torch's client beside it."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import threading
+from datetime import timedelta
+
+import pytest
+from torch.distributed import TCPStore
+
+from agent.store_client import ProtocolMismatch, StoreClient, StoreClosed, StoreTimeout
+
+
+@pytest.fixture()
+def server():
+    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=30))
+    yield store
+
+
+def _ours(server) -> StoreClient:
+    return StoreClient.connect("127.0.0.1", server.port, 10)
+
+
+def test_values_cross_between_our_client_and_torchs(server) -> None:
+    ours = _ours(server)
+    ours.set("a/b", b"\x00bytes\xff")
+    assert server.get("a/b") == b"\x00bytes\xff"
+    server.set("from-torch", "text")
+    assert ours.get("from-torch") == b"text"
+    assert ours.multi_get(["a/b", "from-torch"]) == [b"\x00bytes\xff", b"text"]
+    assert ours.add("n", 5) == 5 and server.add("n", 2) == 7 and ours.add("n", 0) == 7
+    assert ours.check(["a/b", "from-torch"]) and not ours.check(["a/b", "missing"])
+
+
+def test_wait_returns_when_another_client_sets_the_key(server) -> None:
+    ours = _ours(server)
+    setter = threading.Timer(0.2, lambda: server.set("later", "1"))
+    setter.start()
+    ours.wait(["later"], 10)
+    assert ours.get("later") == b"1"
+    setter.join()
+
+
+def test_wait_timeout_cancels_and_leaves_the_connection_usable(server) -> None:
+    ours = _ours(server)
+    with pytest.raises(StoreTimeout, match="timeout"):
+        ours.wait(["never"], 0.2)
+    ours.set("after", b"x")  # the cancelled wait left nothing half-read on the socket
+    assert ours.get("after") == b"x" and ours.add("c", 1) == 1
+
+
+def test_a_server_that_is_not_a_tcpstore_is_a_protocol_mismatch() -> None:
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+
+    def answer_garbage() -> None:
+        conn, _ = listener.accept()
+        conn.recv(64)
+        conn.sendall(b"HTTP")
+        conn.close()
+
+    thread = threading.Thread(target=answer_garbage)
+    thread.start()
+    with pytest.raises(ProtocolMismatch):
+        StoreClient.connect("127.0.0.1", listener.getsockname()[1], 5)
+    thread.join()
+    listener.close()
+
+
+def test_connect_waits_for_a_late_server_and_gives_up_on_none() -> None:
+    probe = socket.socket()
+    probe.bind(("127.0.0.1", 0))
+    port = probe.getsockname()[1]
+    probe.close()
+    with pytest.raises(TimeoutError):
+        StoreClient.connect("127.0.0.1", port, 0.3)
+    holder: list[TCPStore] = []
+    starter = threading.Timer(0.3, lambda: holder.append(
+        TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False)))
+    starter.start()
+    ours = StoreClient.connect("127.0.0.1", port, 20)
+    starter.join()
+    ours.set("k", b"v")
+    assert holder[0].get("k") == b"v"
+
+
+def test_a_dead_server_is_reported_as_closed() -> None:
+    server = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    ours = StoreClient.connect("127.0.0.1", server.port, 10)
+    del server
+    with pytest.raises(StoreClosed):
+        ours.wait(["never"], None)
+
+
+def test_the_client_does_not_import_torch() -> None:
+    code = "import sys, agent.store, agent.rendezvous, agent.node; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
+
+
+def test_a_one_node_job_runs_without_the_agent_importing_torch(tmp_path) -> None:
+    script = tmp_path / "rank.py"
+    script.write_text(
+        "import os, torch.distributed as dist\n"
+        "dist.init_process_group('gloo')\n"  # rank 0 hosts the ranks' store: the agent hosts none
+        "print(os.environ['TORCHELASTIC_USE_AGENT_STORE'], dist.get_world_size())\n"
+        "dist.destroy_process_group()\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "agent", "--nproc-per-node", "2", "--log-dir",
+         str(tmp_path / "logs"), str(script)], capture_output=True, text=True, timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    imported = {line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines() if line.startswith("import time:")}
+    assert "agent.node" in imported and "torch" not in imported
+    for rank in (0, 1):
+        assert (tmp_path / "logs" / f"rank-0000{rank}.out").read_text() == "False 2\n"
