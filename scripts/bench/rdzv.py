@@ -21,7 +21,8 @@ STORM_N = 64
 def measure(specs: list[str], reps: int, cap: float, work: Path, tag: str, dnsfix: bool = True) -> list[dict]:
     """Run rdzv_worker.py in a fresh process (the DNS flag is process-wide) and parse its lines."""
     argv = [c.PY, c.program("rdzv_worker"), ",".join(specs), str(reps), str(cap)]
-    argv += [] if dnsfix else ["--no-dnsfix"]
+    if not dnsfix:
+        argv = _dropping_resolver(work) + argv + ["--no-dnsfix", "--swallow-dns"]
     out = work / f"rdzv-{tag}.log"
     with open(out, "wb") as sink:
         proc = subprocess.Popen(argv, env=c.base_env(), stdout=subprocess.PIPE, stderr=sink,
@@ -37,6 +38,15 @@ def measure(specs: list[str], reps: int, cap: float, work: Path, tag: str, dnsfi
     if not rows:
         rows = [{"error": c.tail(out), "specs": specs}]
     return rows
+
+
+def _dropping_resolver(work: Path) -> list[str]:
+    """Run in a private network + mount namespace whose resolver (127.0.0.1:53, served by the
+    worker) drops every query: the slow-DNS case, reproduced without a packet leaving loopback."""
+    resolv = work / "resolv.conf"
+    resolv.write_text("nameserver 127.0.0.1\n")
+    script = 'ip link set lo up && mount --bind "$0" /etc/resolv.conf && exec "$@"'
+    return ["unshare", "--mount", "--net", "sh", "-c", script, str(resolv)]
 
 
 def _spec(spec: str) -> tuple[str, str, int]:
@@ -135,7 +145,8 @@ def summarize(data: dict[str, Any]) -> tuple[list[Table], list[Target], dict[str
                 secs(row.get("connect_median_s"), 3))
         summary[f"storm-dnsfix-{dnsfix}"] = row.get("total_s")
     dns.notes.append("Without the fix every accepted connection makes the store server call getnameinfo() on "
-                     "`::ffff:127.0.0.1` (not in /etc/hosts) serially on its one loop thread; this is the only "
-                     "benchmark whose packets leave 127.0.0.0/8 (PTR queries to the sandbox resolver). A dropped "
-                     "query costs glibc's 5 s retry, so this number varies between runs: 0.1 s to 10 s.")
+                     "`::ffff:127.0.0.1` (not in /etc/hosts) serially on its one loop thread. The unfixed run "
+                     "happens in a private network and mount namespace (unshare) whose resolv.conf names a "
+                     "resolver on 127.0.0.1 that drops every query, i.e. the broken-DNS case reproduced without "
+                     "a packet leaving loopback; glibc then waits out its 5 s retry.")
     return [table, dns], targets, summary

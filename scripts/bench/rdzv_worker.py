@@ -1,6 +1,6 @@
 """One rendezvous measurement process (scripts/bench/rdzv.py starts it; JSON lines on stdout).
 
-    rdzv_worker.py PROTOCOL:DRIVER:N[:REPS][,...] REPS CAP [--no-dnsfix]
+    rdzv_worker.py PROTOCOL:DRIVER:N[:REPS][,...] REPS CAP [--no-dnsfix] [--swallow-dns]
 
 PROTOCOL: ours  = agent.rendezvous.Rendezvous.arrive on agent.store.Store (set + add + wait, O(1))
           torch = DynamicRendezvousHandler.from_backend(C10dRendezvousBackend, min=max=N).next_rendezvous()
@@ -18,6 +18,7 @@ import json
 import os
 import select
 import signal
+import socket
 import sys
 import threading
 import time
@@ -320,9 +321,24 @@ def _outcome(results: list[dict[str, Any]], n: int, start: float) -> dict[str, A
     }
 
 
+def swallow_dns() -> None:
+    """Inside a private network namespace whose resolv.conf names 127.0.0.1: receive every DNS
+    query and never answer, like a resolver that drops packets, without a packet leaving loopback."""
+    sink = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sink.bind(("127.0.0.1", 53))
+
+    def loop() -> None:
+        while True:
+            sink.recvfrom(4096)
+
+    threading.Thread(target=loop, daemon=True).start()
+
+
 def main(argv: list[str]) -> int:
     specs, reps, cap = argv[0].split(","), int(argv[1]), float(argv[2])
     dnsfix = "--no-dnsfix" not in argv
+    if "--swallow-dns" in argv:
+        swallow_dns()
     if dnsfix:  # before any fork: the server and every agent inherit the flag
         from agent.dnsfix import disable_reverse_dns
 
