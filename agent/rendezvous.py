@@ -137,7 +137,7 @@ class Rendezvous:
         on_lost: Callable[[str], None], on_peer_lost: Callable[[int], None] | None,
     ) -> threading.Thread:
         """Tick our counter; node 0 also notices a peer whose counter stopped moving."""
-        beat = self.store.another_client()
+        beat = self.store.another_client(op_timeout=lost_after)  # a silent store counts as lost
         keys = [beat.key("hb", i) for i in range(self.agents)]
         gone = [beat.key("gone", i) for i in range(self.agents)]
 

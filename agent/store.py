@@ -96,12 +96,15 @@ class Store:
             ) from None
         return cls(client, endpoint, namespace)
 
-    def another_client(self) -> Store:
-        """A second connection, for a thread that blocks (watchers) or ticks (heartbeats)."""
+    def another_client(self, op_timeout: float | None = None) -> Store:
+        """A second connection, for a thread that blocks (watchers) or ticks (heartbeats).
+
+        `op_timeout` bounds each query but waits (our client only; torch's keeps its own).
+        """
         if isinstance(self._client, LocalStore):
             return self
         if isinstance(self._client, StoreClient):
-            client: Any = StoreClient.connect(self.endpoint.addr, self.endpoint.port, 30.0)
+            client: Any = StoreClient.connect(self.endpoint.addr, self.endpoint.port, 30.0, op_timeout)
         else:
             client = _torch_client(self.endpoint, _LONG)
         return Store(client, self.endpoint, self.ns)

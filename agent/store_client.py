@@ -39,13 +39,19 @@ class StoreClosed(RuntimeError):
 class StoreClient:
     """Blocking client; one query at a time per connection (a lock makes threads take turns)."""
 
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: socket.socket, op_timeout: float | None = None) -> None:
         self._sock = sock
         self._lock = threading.Lock()
+        self._op_timeout = op_timeout
 
     @classmethod
-    def connect(cls, host: str, port: int, timeout: float) -> StoreClient:
-        """Connect, retrying while refused (the server may start later), then shake hands."""
+    def connect(cls, host: str, port: int, timeout: float, op_timeout: float | None = None) -> StoreClient:
+        """Connect, retrying while refused (the server may start later), then shake hands.
+
+        `op_timeout`: a query other than wait that gets no answer for this long raises
+        TimeoutError, so a server that vanished without closing the connection (a dead host, a
+        partition) is noticed instead of blocking forever.
+        """
         deadline = time.monotonic() + timeout
         while True:
             try:
@@ -56,9 +62,9 @@ class StoreClient:
                     raise TimeoutError(f"no store at {host}:{port} after {timeout:g}s") from None
                 time.sleep(0.05)  # a refused connect returns at once: pace the retries
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        client = cls(sock)
+        client = cls(sock, op_timeout)
         client._handshake(min(10.0, max(1.0, deadline - time.monotonic())))
-        sock.settimeout(None)
+        sock.settimeout(op_timeout)
         return client
 
     def _handshake(self, timeout: float) -> None:
@@ -123,7 +129,7 @@ class StoreClient:
         except TimeoutError:
             answer = None
         finally:
-            self._sock.settimeout(None)
+            self._sock.settimeout(self._op_timeout)
         if answer == _STOP_WAITING:
             return
         if answer is not None:

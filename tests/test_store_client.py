@@ -119,3 +119,25 @@ def test_a_one_node_job_runs_without_the_agent_importing_torch(tmp_path) -> None
     assert "agent.node" in imported and "torch" not in imported
     for rank in (0, 1):
         assert (tmp_path / "logs" / f"rank-0000{rank}.out").read_text() == "False 2\n"
+
+
+def test_a_server_that_goes_silent_times_out_instead_of_blocking_forever() -> None:
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    held: list[socket.socket] = []
+
+    def handshake_then_silence() -> None:
+        conn, _ = listener.accept()
+        held.append(conn)  # kept open: a dead host sends no FIN
+        hello = conn.recv(64)
+        conn.sendall(hello[-4:])  # echo the PING nonce, then never answer again
+
+    thread = threading.Thread(target=handshake_then_silence)
+    thread.start()
+    ours = StoreClient.connect("127.0.0.1", listener.getsockname()[1], 5, op_timeout=0.3)
+    thread.join()
+    with pytest.raises(TimeoutError):
+        ours.add("hb/1", 1)
+    for sock in (*held, listener):
+        sock.close()
