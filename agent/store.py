@@ -2,7 +2,8 @@
 
 The only module that imports torch.distributed, and only node 0 needs it (to host the server):
 the other agents talk to it through agent.store_client, which is torch-free, and fall back to
-torch's client only if the server speaks a dialect that client does not know. Keys live under `la/<job>/<step>/`; per-attempt
+torch's client only if the server speaks a dialect that client does not know; a one-agent job
+keeps its store in process (agent.local_store). Keys live under `la/<job>/<step>/`; per-attempt
 keys under `.../a<attempt>/`. Nothing is ever unpickled: values are JSON, and whatever another
 process could forge (the config payload, the abort record) is sealed with HMAC (agent.signing).
 """
@@ -166,6 +167,7 @@ class Store:
 def _probe(port: int) -> int:
     """Bind `port` (0: any) and let it go: the port a one-agent job's rank 0 will bind."""
     with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as TCPStore binds it
         probe.bind(("", port))
         return probe.getsockname()[1]
 

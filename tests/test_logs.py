@@ -1,0 +1,49 @@
+"""LogRouter with real pipes: every byte reaches the rank file, console or not (copy and splice)."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import subprocess
+import sys
+
+import pytest
+
+from agent.logs import LogRouter, Stream
+
+# Writes 4 MiB of pseudo-random bytes (newlines included) in uneven chunks, then a partial line.
+WRITER = r"""
+import hashlib, os, sys
+data = b"".join(hashlib.sha256(str(i).encode()).digest() for i in range(1 << 17))
+data = data.replace(b"\x00", b"\n") + b"no newline at the end"
+i = 0
+while i < len(data):
+    step = 1 + (i * 7919) % 300000
+    os.write(1, data[i:i + step]); i += step
+sys.stdout.write(hashlib.sha1(data).hexdigest()); sys.stdout.flush()
+"""
+
+
+@pytest.mark.parametrize("to_console", [False, True])
+def test_every_byte_reaches_the_file(tmp_path, to_console) -> None:
+    console_out, console_err = io.BytesIO(), io.BytesIO()
+    router = LogRouter(console_out, console_err, console_depth=1 << 16)
+    proc = subprocess.Popen([sys.executable, "-c", WRITER], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    path = tmp_path / "rank-00000.out"
+    state = router.add(os.dup(proc.stdout.fileno()), Stream(0, "out", str(path), b"h:0: ", to_console))
+    proc.stdout.close()  # the router owns its duplicate, as in agent.workers
+    assert proc.wait(60) == 0
+    assert state.done.wait(30)
+    router.close()
+    written = path.read_bytes()
+    body, digest = written[:-40], written[-40:].decode()
+    assert hashlib.sha1(body).hexdigest() == digest
+    assert state.bytes == len(written)
+    shown = console_out.getvalue()
+    if to_console:
+        lines = shown.split(b"\n")[:-1]
+        assert all(line.startswith(b"h:0: ") for line in lines)
+        assert b"\n".join(line[len(b"h:0: "):] for line in lines) == written
+    else:
+        assert shown == b"" and state.splice  # moved by splice(2) all along, never fell back
