@@ -108,7 +108,7 @@ def render_report(summary: Mapping[str, Any]) -> str:
     cause = summary.get("root_cause")
     if not cause:
         return head
-    lines = [head, "root cause: " + _cause_line(cause)]
+    lines = [head, "root cause: " + cause_line(cause)]
     if cause.get("traceback"):
         lines += ["  traceback (from TORCHELASTIC_ERROR_FILE):"]
         lines += ["    " + line for line in str(cause["traceback"]).rstrip().splitlines()[-15:]]
@@ -117,7 +117,8 @@ def render_report(summary: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _cause_line(cause: Mapping[str, Any]) -> str:
+def cause_line(cause: Mapping[str, Any]) -> str:
+    """One line naming the failure: shared by the agent's report and `agent logs --summary`."""
     if cause.get("kind") == "rank":
-        return f"rank {cause['rank']} on {cause['host']} (node {cause['node_rank']}) {cause['how']}"
+        return f"rank {cause.get('rank')} on {cause.get('host')} (node {cause.get('node_rank')}) {cause.get('how')}"
     return f"node {cause.get('node_rank')} ({cause.get('host')}): {cause.get('how')}"

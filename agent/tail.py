@@ -17,11 +17,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import io
 import json
 import os
 import re
-import shutil
 import sys
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -243,85 +241,6 @@ def where_from_agent_logs(texts: Iterable[bytes]) -> dict[int, Where]:
     return {rank: Where(host, first[host]) for rank, host in hosts.items()}
 
 
-# --- pure: the summary view ----------------------------------------------------------------
-
-
-def summary_view(summary: Mapping[str, Any], selection: Selection) -> list[Any]:
-    """rich renderables: verdict, root cause (with its traceback or stderr), then every rank."""
-    from rich.panel import Panel
-    from rich.table import Table
-    from rich.text import Text
-
-    attempts = [a for a in summary.get("attempts") or [] if isinstance(a, dict)]
-    ok = summary.get("status") == "succeeded"
-    head = Text(f"job {summary.get('status', '?')} (exit {summary.get('exit_code', '?')}) "
-                f"after {len(attempts)} attempt(s)", style="bold green" if ok else "bold red")
-    view: list[Any] = [head]
-    cause = summary.get("root_cause")
-    if isinstance(cause, dict):
-        view.append(Panel(_cause_body(cause), title="root cause", title_align="left", border_style="red"))
-    for attempt in attempts[:-1]:
-        earlier = attempt.get("root_cause")
-        if isinstance(earlier, dict):
-            view.append(Text(f"attempt {attempt.get('attempt')}: {cause_line(earlier)}", style="yellow"))
-    job = summary.get("job")
-    if isinstance(job, dict):
-        facts = ("id", "step", "source", "nnodes", "world_size", "nproc_per_node", "log_dir")
-        view.append(Text("  ".join(f"{k} {job[k]}" for k in facts if job.get(k) not in (None, "")), style="dim"))
-    if attempts:
-        table = Table("rank", "host", "node", "state", "how", "seconds", title=f"attempt {attempts[-1].get('attempt', len(attempts) - 1)}")
-        for rank in _shown_ranks(attempts[-1].get("ranks") or [], selection):
-            table.add_row(*_rank_row(rank), style=_STATE_STYLE.get(str(rank.get("state")), ""))
-        view.append(table)
-    return view
-
-
-_STATE_STYLE = {"failed": "red", "lost": "red", "terminated": "yellow", "succeeded": "green"}
-
-
-def cause_line(cause: Mapping[str, Any]) -> str:
-    if cause.get("kind") == "rank":
-        return f"rank {cause.get('rank')} on {cause.get('host')} (node {cause.get('node_rank')}) {cause.get('how')}"
-    return f"node {cause.get('node_rank')} ({cause.get('host')}): {cause.get('how')}"
-
-
-def _cause_body(cause: Mapping[str, Any]) -> str:
-    lines = [cause_line(cause)]
-    if cause.get("traceback"):
-        lines += ["", "traceback (from TORCHELASTIC_ERROR_FILE):"]
-        lines += str(cause["traceback"]).rstrip().splitlines()[-25:]
-    elif cause.get("stderr_tail"):
-        lines += ["", "last stderr lines:"] + [str(line) for line in cause["stderr_tail"][-15:]]
-    return "\n".join(lines)
-
-
-def _shown_ranks(ranks: Sequence[Any], selection: Selection) -> list[dict[str, Any]]:
-    shown = []
-    for rank in ranks:
-        if not isinstance(rank, dict):
-            continue
-        if selection.ranks is not None and rank.get("rank") not in selection.ranks:
-            continue
-        if selection.nodes is not None and rank.get("node_rank") not in selection.nodes:
-            continue
-        shown.append(rank)
-    return shown
-
-
-def _rank_row(rank: Mapping[str, Any]) -> tuple[str, ...]:
-    start, end = rank.get("start"), rank.get("end")
-    took = f"{end - start:.1f}" if isinstance(start, (int, float)) and isinstance(end, (int, float)) and start else "-"
-    number = rank.get("rank")
-    return (
-        "-" if number is None or number < 0 else str(number),
-        str(rank.get("host", "?")),
-        str(rank.get("node_rank", "?")),
-        str(rank.get("state", "?")),
-        str(rank.get("how", "")),
-        took,
-    )
-
-
 # --- act -----------------------------------------------------------------------------------
 
 
@@ -332,6 +251,8 @@ def main(argv: Sequence[str], out: BinaryIO | None = None, colour: bool | None =
         if colour is None:
             colour = sys.stdout.isatty() and "NO_COLOR" not in os.environ
         if command.summary:
+            from agent.summary_view import show_summary
+
             return show_summary(command, sink, colour)
         return Tail(command, sink, colour).run()
     except AgentError as exc:
@@ -345,31 +266,7 @@ def main(argv: Sequence[str], out: BinaryIO | None = None, colour: bool | None =
         return 0
 
 
-def show_summary(command: LogsCommand, out: BinaryIO, colour: bool) -> int:
-    from rich.console import Console
-
-    path = os.path.join(command.log_dir, "summary.json")
-    try:
-        summary = _read_json(path)
-    except (OSError, ValueError) as exc:
-        raise AgentError(f"cannot read {path}: {exc}") from None
-    if summary is None:
-        _check_dir(command.log_dir)
-        raise AgentError(f"no summary.json in {command.log_dir}: node 0 writes it when the job ends; "
-                         "a running job has none yet (follow it with --follow)")
-    if not isinstance(summary, dict):
-        raise AgentError(f"{path} is not a JSON object")
-    width = shutil.get_terminal_size((100, 24)).columns if colour else 100
-    console = Console(file=io.StringIO(), force_terminal=colour, no_color=not colour, width=width, highlight=False)
-    with console.capture() as captured:
-        for part in summary_view(summary, command.selection):
-            console.print(part)
-    out.write(captured.get().encode())
-    out.flush()
-    return 0
-
-
-def _read_json(path: str) -> Any:
+def read_json(path: str) -> Any:
     """The file's JSON, None when it does not exist; ValueError when it is not JSON."""
     try:
         with open(path, "rb") as f:
@@ -378,7 +275,7 @@ def _read_json(path: str) -> Any:
         return None
 
 
-def _check_dir(log_dir: str) -> None:
+def check_dir(log_dir: str) -> None:
     if not os.path.isdir(log_dir):
         what = "is not a directory" if os.path.exists(log_dir) else "does not exist"
         raise AgentError(f"log dir {log_dir} {what}: pass the job's --log-dir (default logs/<job-id>)")
@@ -416,7 +313,7 @@ class Tail:
     def run(self) -> int:
         log_dir = self.command.log_dir
         if not self.command.follow or os.path.exists(log_dir):
-            _check_dir(log_dir)
+            check_dir(log_dir)
         if not self.command.follow:
             self.poll(to_eof=True, final=True)
             if not self.ordered:
@@ -567,7 +464,7 @@ def read_where(log_dir: str, names: Iterable[str]) -> dict[int, Where]:
     """rank → host from ranks.json, else summary.json, else the agent logs' first lines."""
     for source, name in ((where_from_ranks_json, "ranks.json"), (where_from_summary, "summary.json")):
         try:
-            found = source(_read_json(os.path.join(log_dir, name)))
+            found = source(read_json(os.path.join(log_dir, name)))
         except (OSError, ValueError):
             found = {}  # being written, or damaged: the next source may know
         if found:
