@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from agent import tail
+from agent import tail, tail_follow
 from agent.summary import RankExit, build_summary, failure_record
 from agent.tail import RankFile, Selection, Where
 
@@ -104,7 +104,7 @@ def test_where_from_each_source() -> None:
 def test_last_lines_offset(tmp_path, text, count, offset) -> None:
     path = tmp_path / "f"
     path.write_bytes(text)
-    assert tail.last_lines_offset(str(path), count) == offset
+    assert tail_follow.last_lines_offset(str(path), count) == offset
 
 
 # --- printing a finished job (in process) --------------------------------------------------
