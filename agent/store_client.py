@@ -10,6 +10,7 @@ own clients see the same keys. A server that does not answer the handshake as ex
 
 from __future__ import annotations
 
+import errno
 import os
 import socket
 import struct
@@ -57,7 +58,9 @@ class StoreClient:
             try:
                 sock = socket.create_connection((host, port), timeout=max(0.1, deadline - time.monotonic()))
                 break
-            except (ConnectionRefusedError, TimeoutError):
+            except OSError as exc:
+                if not _transient(exc):
+                    raise  # e.g. a host name that does not resolve: waiting will not help
                 if time.monotonic() >= deadline:
                     raise TimeoutError(f"no store at {host}:{port} after {timeout:g}s") from None
                 time.sleep(0.05)  # a refused connect returns at once: pace the retries
@@ -166,6 +169,13 @@ class StoreClient:
 
     def _recv_blob(self) -> bytes:
         return self._recv(struct.unpack("<Q", self._recv(8))[0])
+
+
+def _transient(exc: OSError) -> bool:
+    """Worth retrying until the deadline: node 0 not listening yet, or its host not up yet."""
+    return isinstance(exc, (ConnectionRefusedError, ConnectionResetError, TimeoutError)) or exc.errno in (
+        errno.EHOSTUNREACH, errno.ENETUNREACH, errno.EHOSTDOWN,
+    )
 
 
 def _key(key: str) -> bytes:
