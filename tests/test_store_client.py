@@ -141,3 +141,31 @@ def test_a_server_that_goes_silent_times_out_instead_of_blocking_forever() -> No
         ours.add("hb/1", 1)
     for sock in (*held, listener):
         sock.close()
+
+
+@pytest.mark.parametrize("fixed_port", [False, True])
+def test_a_one_node_job_restarts_with_rank_0_hosting_the_store_again(tmp_path, fixed_port) -> None:
+    script = tmp_path / "rank.py"
+    script.write_text(
+        "import os, sys, torch.distributed as dist\n"
+        "dist.init_process_group('gloo'); dist.barrier()\n"
+        "attempt = int(os.environ['TORCHELASTIC_RESTART_COUNT'])\n"
+        "print('attempt', attempt, 'port', os.environ['MASTER_PORT'])\n"
+        "dist.destroy_process_group()\n"
+        "sys.exit(3 if attempt == 0 else 0)\n"
+    )
+    port = []
+    if fixed_port:
+        with socket.socket() as probe:
+            probe.bind(("", 0))
+            port = ["--master-port", str(probe.getsockname()[1])]
+    logs = tmp_path / "logs"
+    done = subprocess.run(
+        [sys.executable, "-m", "agent", "--nproc-per-node", "2", "--max-restarts", "1", *port,
+         "--log-dir", str(logs), str(script)], capture_output=True, text=True, timeout=180,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    first, second = (logs / "rank-00001.out").read_text().split(), (logs / "rank-00001.r1.out").read_text().split()
+    assert first[:2] == ["attempt", "0"] and second[:2] == ["attempt", "1"]
+    if fixed_port:
+        assert first[3] == second[3] == port[1]
