@@ -58,7 +58,7 @@ class LogRouter:
         self._pending: list[tuple[int, _State]] = []
         self._lock = threading.Lock()
         self._states: list[_State] = []
-        self._console: queue.Queue[tuple[str, bytes] | None] = queue.Queue(console_depth)
+        self._console: queue.Queue[tuple[str, tuple[bytes | memoryview, ...]] | None] = queue.Queue(console_depth)
         self._dropped: collections.Counter[int] = collections.Counter()
         self._closing = False
         self._reader = threading.Thread(target=self._read_loop, name="log-reader", daemon=True)
@@ -133,7 +133,7 @@ class LogRouter:
 
     def _finish(self, state: _State) -> None:
         if state.partial and state.stream.to_console:
-            self._enqueue(state, state.stream.prefix + state.partial + b"\n")
+            self._enqueue(state, (state.stream.prefix, state.partial, b"\n"))
             state.partial = b""
         os.close(state.file_fd)
         state.done.set()
@@ -149,23 +149,30 @@ class LogRouter:
 
     # -- console --------------------------------------------------------------------------
     def _to_console(self, state: _State, data: bytes) -> None:
-        data = state.partial + data
         cut = data.rfind(b"\n")
         if cut < 0:
-            state.partial = data
-            if len(data) > _MAX_PARTIAL:
+            state.partial += data
+            if len(state.partial) > _MAX_PARTIAL:
+                self._enqueue(state, (state.stream.prefix, state.partial, b"\n"))
                 state.partial = b""
-                self._enqueue(state, state.stream.prefix + data + b"\n")
             return
-        state.partial = data[cut + 1 :]
+        # The reader thread makes one copy (the replace) and hands the lines over as a view of it;
+        # the console thread joins the pieces, so each write is whole lines.
         prefix = state.stream.prefix
-        self._enqueue(state, prefix + data[:cut].replace(b"\n", b"\n" + prefix) + b"\n")
+        body = data.replace(b"\n", b"\n" + prefix)
+        end = len(body) - (len(data) - cut - 1) - len(prefix)  # just after the last newline
+        if not self._enqueue(state, (prefix + state.partial, memoryview(body)[:end]), lines=0):
+            self._dropped[state.stream.rank] += data.count(b"\n")  # counted only when dropping
+        state.partial = data[cut + 1 :]
 
-    def _enqueue(self, state: _State, chunk: bytes) -> None:
+    def _enqueue(self, state: _State, pieces: tuple[bytes | memoryview, ...], lines: int = 1) -> bool:
+        """Queue for the console, or count `lines` as dropped when it is behind."""
         try:
-            self._console.put_nowait((state.stream.name, chunk))
+            self._console.put_nowait((state.stream.name, pieces))
         except queue.Full:
-            self._dropped[state.stream.rank] += chunk.count(b"\n")
+            self._dropped[state.stream.rank] += lines
+            return False
+        return True
 
     def _write_loop(self) -> None:
         while True:
@@ -174,7 +181,7 @@ class LogRouter:
                 return
             target = self._targets[item[0]]
             try:
-                target.write(item[1])
+                target.write(b"".join(item[1]))
                 if self._console.empty():
                     target.flush()
                     self._announce_drops()

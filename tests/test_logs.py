@@ -5,8 +5,11 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import re
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
 
@@ -47,3 +50,42 @@ def test_every_byte_reaches_the_file(tmp_path, to_console) -> None:
         assert b"\n".join(line[len(b"h:0: "):] for line in lines) == written
     else:
         assert shown == b"" and state.splice  # moved by splice(2) all along, never fell back
+
+
+class _StuckConsole(io.BytesIO):
+    """A terminal that stops reading until released, like a paused ssh session."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = threading.Event()
+
+    def write(self, data) -> int:
+        self.release.wait(30)
+        return super().write(data)
+
+
+def test_a_stuck_console_drops_whole_chunks_counts_them_and_keeps_the_file_complete(tmp_path) -> None:
+    console, errors = _StuckConsole(), io.BytesIO()
+    router = LogRouter(console, errors, console_depth=2)
+    read_end, write_end = os.pipe()
+    path = tmp_path / "rank-00004.out"
+    state = router.add(read_end, Stream(4, "out", str(path), b"h:4: ", True))
+    sent = b""
+    for chunk in range(20):
+        data = b"".join(b"chunk %d line %d\n" % (chunk, i) for i in range(50))
+        os.write(write_end, data)
+        sent += data
+        deadline = time.monotonic() + 10
+        while state.bytes < len(sent):  # wait until the router has read it: one chunk per read
+            assert time.monotonic() < deadline, "router stopped reading"
+            time.sleep(0.001)
+    os.close(write_end)
+    assert state.done.wait(10)  # the rank file is finished while the console is still stuck
+    assert path.read_bytes() == sent
+    console.release.set()
+    router.close()
+    shown = console.getvalue().splitlines()
+    dropped = [int(m) for m in re.findall(rb"console too slow: (\d+) lines of rank 4", errors.getvalue())]
+    assert dropped and sum(dropped) > 0
+    assert len(shown) + sum(dropped) == 20 * 50
+    assert all(line.startswith(b"h:4: chunk ") for line in shown)
