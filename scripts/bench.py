@@ -77,7 +77,7 @@ def plan(quick: bool) -> dict[str, Any]:
     return {"launch": {"sizes": [1, 4, 8], "reps": {1: 3, 4: 3, 8: 2}, "budget": 280},
             "teardown": {"ours_reps": 3, "torchrun_reps": 1, "budget": 100},
             "rdzv": {"reps": 3, "torch_cap": 30.0, "budget": 75},
-            "tee": {"reps": 2, "budget": 100, "lines": 1_000_000, "bulk_mib": 256},
+            "tee": {"reps": 2, "budget": 100, "lines": 1_000_000, "bulk_mib": 64},
             "cli": {"reps": 10}, "steady": {"seconds": 20.0}}
 
 
