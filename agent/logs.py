@@ -58,7 +58,8 @@ class LogRouter:
         self._pending: list[tuple[int, _State]] = []
         self._lock = threading.Lock()
         self._states: list[_State] = []
-        self._console: queue.Queue[tuple[str, tuple[bytes | memoryview, ...]] | None] = queue.Queue(console_depth)
+        self._console: queue.Queue[tuple[str, tuple[bytes | memoryview, ...]] | None]
+        self._console = queue.Queue(console_depth)
         self._dropped: collections.Counter[int] = collections.Counter()
         self._closing = False
         self._reader = threading.Thread(target=self._read_loop, name="log-reader", daemon=True)
@@ -133,7 +134,7 @@ class LogRouter:
 
     def _finish(self, state: _State) -> None:
         if state.partial and state.stream.to_console:
-            self._enqueue(state, (state.stream.prefix, state.partial, b"\n"))
+            self._enqueue(state, (state.stream.prefix, state.partial, b"\n"), b"\n")
             state.partial = b""
         os.close(state.file_fd)
         state.done.set()
@@ -153,7 +154,7 @@ class LogRouter:
         if cut < 0:
             state.partial += data
             if len(state.partial) > _MAX_PARTIAL:
-                self._enqueue(state, (state.stream.prefix, state.partial, b"\n"))
+                self._enqueue(state, (state.stream.prefix, state.partial, b"\n"), b"\n")
                 state.partial = b""
             return
         # The reader thread makes one copy (the replace) and hands the lines over as a view of it;
@@ -161,18 +162,16 @@ class LogRouter:
         prefix = state.stream.prefix
         body = data.replace(b"\n", b"\n" + prefix)
         end = len(body) - (len(data) - cut - 1) - len(prefix)  # just after the last newline
-        if not self._enqueue(state, (prefix + state.partial, memoryview(body)[:end]), lines=0):
-            self._dropped[state.stream.rank] += data.count(b"\n")  # counted only when dropping
+        self._enqueue(state, (prefix + state.partial, memoryview(body)[:end]), data)
         state.partial = data[cut + 1 :]
 
-    def _enqueue(self, state: _State, pieces: tuple[bytes | memoryview, ...], lines: int = 1) -> bool:
-        """Queue for the console, or count `lines` as dropped when it is behind."""
+    def _enqueue(self, state: _State, pieces: tuple[bytes | memoryview, ...], lines_in: bytes) -> None:
+        """Queue for the console; when it is behind, count the newlines of `lines_in` as dropped
+        (counted only then: the common path makes no extra pass over the bytes)."""
         try:
             self._console.put_nowait((state.stream.name, pieces))
         except queue.Full:
-            self._dropped[state.stream.rank] += lines
-            return False
-        return True
+            self._dropped[state.stream.rank] += lines_in.count(b"\n")
 
     def _write_loop(self) -> None:
         while True:

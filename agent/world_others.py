@@ -40,18 +40,8 @@ def _mpi_base(env: Mapping[str, str], flags: WorldFlags, hostname: str) -> World
     size = need_int(env, ("OMPI_COMM_WORLD_SIZE",), _MPI_FIX, low=1)
     rank = need_int(env, ("OMPI_COMM_WORLD_RANK",), _MPI_FIX)
     below(rank, size, _MPI_FIX)
-    return World(
-        source="mpi",
-        job_id="",
-        step_id="",
-        nnodes=size.value,
-        node_rank=rank.value,
-        hosts=(),
-        host=hostname,
-        master_addr=master_addr(env, flags.master_addr, _MPI_NO_MASTER),
-        master_port=port_from_env(env, _MPI_FIX),
-        visible_devices=visible_devices(env),
-    )
+    addr = master_addr(env, flags.master_addr, _MPI_NO_MASTER)
+    return _peer_world("mpi", size, rank, hostname, addr, port_from_env(env, _MPI_FIX), env)
 
 
 def from_mpi(env: Mapping[str, str], flags: WorldFlags, hostname: str) -> World:
@@ -95,18 +85,9 @@ def from_k8s(env: Mapping[str, str], flags: WorldFlags, hostname: str) -> World:
     rank = need_int(env, ("RANK",), _K8S_FIX)
     below(rank, world_size, _K8S_FIX)
     job = lookup(env, "TORCHELASTIC_RUN_ID", "JOB_ID")
-    return World(
-        source="k8s",
-        job_id="" if job is None else job[1].strip(),
-        step_id="",
-        nnodes=world_size.value,
-        node_rank=rank.value,
-        hosts=(),
-        host=hostname,
-        master_addr=master_addr(env, flags.master_addr, f"MASTER_ADDR is not set: {_K8S_FIX}"),
-        master_port=port_from_env(env, _K8S_FIX),
-        visible_devices=visible_devices(env),
-    )
+    addr = master_addr(env, flags.master_addr, f"MASTER_ADDR is not set: {_K8S_FIX}")
+    world = _peer_world("k8s", world_size, rank, hostname, addr, port_from_env(env, _K8S_FIX), env)
+    return world if job is None else replace(world, job_id=job[1].strip())
 
 
 def from_explicit(env: Mapping[str, str], flags: WorldFlags, hostname: str) -> World:
@@ -114,16 +95,17 @@ def from_explicit(env: Mapping[str, str], flags: WorldFlags, hostname: str) -> W
     node_rank = Int("--node-rank", _flag("--node-rank", flags.node_rank))
     addr = _flag("--master-addr", flags.master_addr)
     below(node_rank, nnodes, _EXPLICIT_FIX)
+    return _peer_world("explicit", nnodes, node_rank, hostname, addr, None, env)
+
+
+def _peer_world(
+    source: str, nnodes: Int, node_rank: Int, hostname: str, addr: str, port: int | None,
+    env: Mapping[str, str],
+) -> World:
+    """The sources that name node 0's address but not the other hosts (no job id either)."""
     return World(
-        source="explicit",
-        job_id="",
-        step_id="",
-        nnodes=nnodes.value,
-        node_rank=node_rank.value,
-        hosts=(),
-        host=hostname,
-        master_addr=addr,
-        master_port=None,
+        source=source, job_id="", step_id="", nnodes=nnodes.value, node_rank=node_rank.value,
+        hosts=(), host=hostname, master_addr=addr, master_port=port,
         visible_devices=visible_devices(env),
     )
 
