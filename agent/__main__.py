@@ -11,14 +11,18 @@ from agent.errors import AgentError, ExitCode
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    logging.basicConfig(level=logging.INFO, format="[agent %(process)d] %(message)s", stream=sys.stderr)
+    logging.basicConfig(
+        level=logging.INFO, format="[agent %(process)d] %(message)s", stream=sys.stderr
+    )
     try:
         if argv and argv[0] in ("logs", "exec", "doctor"):
             return _subcommand(argv[0], argv[1:])
-        from agent.cli import parse
+        from agent.launch.cli import parse
 
         command = parse(argv)
-        from agent.launch import launch  # after parsing: `--help` never imports the heavy parts
+        from agent.launch.oneshot import (
+            launch,  # after parsing: `--help` never imports the heavy parts
+        )
 
         return launch(command, os.environ)
     except AgentError as exc:
@@ -34,10 +38,10 @@ def _subcommand(name: str, argv: list[str]) -> int:
 
         return doctor.main(argv, os.environ)
     if name == "logs":
-        from agent import tail
+        from agent import logs as tail
 
         return tail.main(argv)
-    from agent import exec as remote
+    from agent import remote
 
     return remote.main(argv, os.environ)
 

@@ -26,3 +26,10 @@ class AgentError(Exception):
 
     def __str__(self) -> str:
         return self.message
+
+
+class PeerFailed(AgentError):
+    """Another node's failure ended this agent: reported there already, not to be told again."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, ExitCode.RENDEZVOUS)

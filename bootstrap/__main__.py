@@ -9,8 +9,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.config import read_config
 from agent.errors import AgentError
+from agent.plan.config import read_config
 from bootstrap import cli, sweep
 from bootstrap.checks import check_job
 from bootstrap.render import render
@@ -26,17 +26,28 @@ class Generated:
 
 
 def main(
-    argv: Sequence[str] | None = None, *, environ: Mapping[str, str] = os.environ, run: Run = subprocess.run,
+    argv: Sequence[str] | None = None,
+    *,
+    environ: Mapping[str, str] = os.environ,
+    run: Run = subprocess.run,
 ) -> int:
     try:
         request = cli.parse(sys.argv[1:] if argv is None else argv)
-        check_job(request.job, exists=_exists, env=environ, allow_many_gpus=request.allow_many_gpus,
-                  check_paths=request.check_paths)
+        check_job(
+            request.job,
+            exists=_exists,
+            env=environ,
+            allow_many_gpus=request.allow_many_gpus,
+            check_paths=request.check_paths,
+        )
         files = _sweep_files(request) if request.is_sweep else _single_file(request)
         scripts = [f for f in files if f.is_script]
         if request.print_script:
             for script in scripts:
-                print(f"# ==> {script.path} <==\n{script.text}" if request.is_sweep else script.text, end="")
+                print(
+                    f"# ==> {script.path} <==\n{script.text}" if request.is_sweep else script.text,
+                    end="",
+                )
         if request.output or request.submit or not request.print_script:
             _write(files)
             _make_log_dirs(request.job)
@@ -88,7 +99,9 @@ def _write(files: Sequence[Generated]) -> None:
             if file.is_script:
                 path.chmod(0o755)
         except OSError as err:
-            raise AgentError(f"cannot write {file.path}: {err.strerror}; pick another --output") from None
+            raise AgentError(
+                f"cannot write {file.path}: {err.strerror}; pick another --output"
+            ) from None
 
 
 def _make_log_dirs(job: JobSpec) -> None:
@@ -99,13 +112,18 @@ def _make_log_dirs(job: JobSpec) -> None:
             try:
                 os.makedirs(directory, exist_ok=True)
             except OSError as err:
-                raise AgentError(f"cannot create the job log directory {directory}: {err.strerror}") from None
+                raise AgentError(
+                    f"cannot create the job log directory {directory}: {err.strerror}"
+                ) from None
 
 
 def _report(request: cli.Request, files: Sequence[Generated], scripts: Sequence[Generated]) -> None:
     if request.is_sweep:
         where = Path(scripts[0].path).parent if scripts else request.output
-        print(f"wrote {len(files) - len(scripts)} configs and {len(scripts)} scripts to {where}/", file=sys.stderr)
+        print(
+            f"wrote {len(files) - len(scripts)} configs and {len(scripts)} scripts to {where}/",
+            file=sys.stderr,
+        )
     else:
         print(f"wrote {scripts[0].path}", file=sys.stderr)
 

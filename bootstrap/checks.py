@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping
 
-from agent import cli as agent_cli
 from agent.errors import AgentError
+from agent.launch import cli as agent_cli
 from bootstrap.spec import (
     ContainerKind,
     ContainerSpec,
@@ -28,7 +28,11 @@ _TIME_HINT = "use MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS"
 
 
 def check_job(
-    job: JobSpec, *, exists: Exists, env: Mapping[str, str], allow_many_gpus: bool = False,
+    job: JobSpec,
+    *,
+    exists: Exists,
+    env: Mapping[str, str],
+    allow_many_gpus: bool = False,
     check_paths: bool = True,
 ) -> None:
     """Everything knowable before submitting; the first problem found is raised."""
@@ -52,7 +56,9 @@ def check_slurm(slurm: SlurmSpec, mode: StepMode, *, allow_many_gpus: bool = Fal
     if slurm.array is not None:
         check_array(slurm.array)
     if slurm.mem is not None and not _MEM.fullmatch(slurm.mem):
-        raise AgentError(f"--mem {slurm.mem!r}: write a size such as 200G, 512000M or 0 (all of the node's)")
+        raise AgentError(
+            f"--mem {slurm.mem!r}: write a size such as 200G, 512000M or 0 (all of the node's)"
+        )
     if slurm.signal is not None and not _SIGNAL.fullmatch(slurm.signal):
         raise AgentError(f"--signal {slurm.signal!r}: write [B:]SIGNAL[@SECONDS], e.g. USR1@90")
 
@@ -71,7 +77,9 @@ def check_gpus(gpus: int, mode: StepMode, *, allow_many_gpus: bool = False) -> N
             "pass --allow-many-gpus if your nodes really have that many"
         )
     if gpus == 0 and mode is StepMode.SRUN_ONLY:
-        raise AgentError("--srun-only starts one task per GPU: it needs --gpus-per-node of 1 or more")
+        raise AgentError(
+            "--srun-only starts one task per GPU: it needs --gpus-per-node of 1 or more"
+        )
 
 
 def check_time(text: str) -> None:
@@ -103,7 +111,9 @@ def check_array(text: str) -> None:
     for part in indexes.split(","):
         match = _ARRAY_PART.fullmatch(part)
         if not match:
-            raise AgentError(f"--array {text!r} is not a Slurm array: write e.g. 0-15, 1,3,5-7, 0-15:4 or 0-15%4")
+            raise AgentError(
+                f"--array {text!r} is not a Slurm array: write e.g. 0-15, 1,3,5-7, 0-15:4 or 0-15%4"
+            )
         start, end, step = match.groups()
         if end is not None and int(end) < int(start):
             raise AgentError(f"--array {text!r}: range {start}-{end} ends before it starts")
@@ -121,7 +131,11 @@ def check_container(container: ContainerSpec, exists: Exists | None) -> None:
     for mount in container.mounts:
         if not mount or mount.startswith(":"):
             raise AgentError(f"container mount {mount!r}: write SRC[:DST[:FLAGS]]")
-    if exists is not None and is_local_image(container.image, container.kind) and not exists(container.image):
+    if (
+        exists is not None
+        and is_local_image(container.image, container.kind)
+        and not exists(container.image)
+    ):
         raise AgentError(
             f"container image {container.image} not found: check the path, or pass "
             "--no-path-checks if it exists only on the compute nodes"
@@ -167,7 +181,9 @@ def check_files(step: StepSpec, exists: Exists) -> None:
         )
     for config in step.configs:
         if not exists(config):
-            raise AgentError(f"config {config} not found: check the path (relative to where you submit)")
+            raise AgentError(
+                f"config {config} not found: check the path (relative to where you submit)"
+            )
 
 
 def check_nsys(nsys: NsysSpec, slurm: SlurmSpec) -> None:
@@ -176,8 +192,12 @@ def check_nsys(nsys: NsysSpec, slurm: SlurmSpec) -> None:
     if nsys.warmup_steps < 0 or nsys.num_steps < 1:
         raise AgentError("--nsys-warmup-steps must be 0 or more and --nsys-num-steps 1 or more")
     if "{rank}" not in nsys.output:
-        raise AgentError(f"--nsys-output {nsys.output!r}: put {{rank}} in it, or every rank writes one file")
+        raise AgentError(
+            f"--nsys-output {nsys.output!r}: put {{rank}} in it, or every rank writes one file"
+        )
     world = slurm.nodes * slurm.gpus_per_node
     for rank in nsys.ranks or ():
         if rank < 0 or (world and rank >= world):
-            raise AgentError(f"--nsys-ranks: rank {rank} is not in this job's world of {world} ranks (0-{world - 1})")
+            raise AgentError(
+                f"--nsys-ranks: rank {rank} is not in this job's world of {world} ranks (0-{world - 1})"
+            )

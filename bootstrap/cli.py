@@ -8,8 +8,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import PurePath
 
-from agent.cli import split_rest
 from agent.errors import AgentError
+from agent.launch.cli import split_rest
+from agent.usage import Parser
 from bootstrap.spec import (
     ContainerKind,
     ContainerSpec,
@@ -55,16 +56,14 @@ class Request:
         return self.search_config is not None or bool(self.overrides)
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # one line, exit 2, no usage dump
-        raise AgentError(f"{message} (see python -m bootstrap --help)")
-
-
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(
-        prog="python -m bootstrap", description="Write (and optionally submit) an sbatch script that "
-        "runs `python -m agent` on every node of a Slurm job.", epilog=_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False,
+    parser = Parser(
+        prog="python -m bootstrap",
+        description="Write (and optionally submit) an sbatch script that "
+        "runs `python -m agent` on every node of a Slurm job.",
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,
     )
     _slurm_options(parser.add_argument_group("slurm"))
     _container_options(parser.add_argument_group("container"))
@@ -86,66 +85,158 @@ def _slurm_options(group) -> None:
     add("-t", "--time", help="time limit, e.g. 01:00:00 or 2-00:00:00")
     add("-A", "--account", help="account to charge")
     add("-p", "--partition", help="partition")
-    add("--sbatch-output", metavar="PATTERN", help="job log (default: %%x-%%j.out; %%x-%%A_%%a.out for arrays)")
+    add(
+        "--sbatch-output",
+        metavar="PATTERN",
+        help="job log (default: %%x-%%j.out; %%x-%%A_%%a.out for arrays)",
+    )
     add("--sbatch-error", metavar="PATTERN", help="job stderr file (default: into the job log)")
-    add("--signal", help="signal before the time limit, e.g. USR1@90 (the agents forward it to every rank)")
+    add(
+        "--signal",
+        help="signal before the time limit, e.g. USR1@90 (the agents forward it to every rank)",
+    )
     add("--array", help="job array, e.g. 0-3 or 0-15%%4")
-    add("--sbatch", action="append", default=[], metavar="OPTION",
-        help="one more #SBATCH line, e.g. --sbatch=--exclusive (repeatable)")
+    add(
+        "--sbatch",
+        action="append",
+        default=[],
+        metavar="OPTION",
+        help="one more #SBATCH line, e.g. --sbatch=--exclusive (repeatable)",
+    )
 
 
 def _container_options(group) -> None:
     add = group.add_argument
-    add("--container", choices=[k.value for k in ContainerKind if k is not ContainerKind.NONE],
-        help="container runtime (default: pyxis when --container-image is given)")
-    add("--container-image", metavar="IMAGE", help="image: a registry reference or a local .sqsh/.sif file")
-    add("--container-mounts", action="append", default=[], metavar="SRC:DST[,...]",
-        help="bind mounts, comma-separated or repeated")
+    add(
+        "--container",
+        choices=[k.value for k in ContainerKind if k is not ContainerKind.NONE],
+        help="container runtime (default: pyxis when --container-image is given)",
+    )
+    add(
+        "--container-image",
+        metavar="IMAGE",
+        help="image: a registry reference or a local .sqsh/.sif file",
+    )
+    add(
+        "--container-mounts",
+        action="append",
+        default=[],
+        metavar="SRC:DST[,...]",
+        help="bind mounts, comma-separated or repeated",
+    )
     add("--container-workdir", metavar="DIR", help="working directory inside the container")
 
 
 def _step_options(group) -> None:
     add = group.add_argument
-    add("--srun-only", action="store_true",
-        help="one agent per rank (srun --ntasks-per-node=GPUS --gpus-per-task=1) instead of one per node")
-    add("--agent-opts", action="append", default=[], metavar="'OPTS'",
-        help="options for python -m agent, e.g. --agent-opts='--max-restarts 2 --log-dir logs' (repeatable)")
-    add("--env", action="append", default=[], metavar="NAME=VALUE",
-        help="export for every rank, e.g. --env NCCL_DEBUG=WARN (repeatable)")
-    add("--wandb", action="store_true", help="the job logs to W&B: WANDB_API_KEY must be in your environment")
+    add(
+        "--srun-only",
+        action="store_true",
+        help="one agent per rank (srun --ntasks-per-node=GPUS --gpus-per-task=1) instead of one per node",
+    )
+    add(
+        "--agent-opts",
+        action="append",
+        default=[],
+        metavar="'OPTS'",
+        help="options for python -m agent, e.g. --agent-opts='--max-restarts 2 --log-dir logs' (repeatable)",
+    )
+    add(
+        "--env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="export for every rank, e.g. --env NCCL_DEBUG=WARN (repeatable)",
+    )
+    add(
+        "--wandb",
+        action="store_true",
+        help="the job logs to W&B: WANDB_API_KEY must be in your environment",
+    )
     add("--wandb-project", help="exported as WANDB_PROJECT (implies --wandb)")
     add("--wandb-group", help="exported as WANDB_RUN_GROUP (implies --wandb)")
     add("--search-config", metavar="FILE", help="sweep: a config whose lists are alternatives")
-    add("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-        help="sweep: set a search-config key (a list makes it a dimension), e.g. --set lr=[0.1,0.01]")
+    add(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="sweep: set a search-config key (a list makes it a dimension), e.g. --set lr=[0.1,0.01]",
+    )
 
 
 def _nsys_options(group) -> None:
     add = group.add_argument
-    add("--nsys", action="store_true", help="profile ranks with nsys (through the agent's --rank-prefix)")
-    add("--nsys-ranks", default="all", help="ranks to profile: all, or a list like 0,8 or 0-3 (default: all)")
-    add("--nsys-warmup-steps", type=int, default=10, help="exported as NSYS_WARMUP_STEPS (default: 10)")
+    add(
+        "--nsys",
+        action="store_true",
+        help="profile ranks with nsys (through the agent's --rank-prefix)",
+    )
+    add(
+        "--nsys-ranks",
+        default="all",
+        help="ranks to profile: all, or a list like 0,8 or 0-3 (default: all)",
+    )
+    add(
+        "--nsys-warmup-steps",
+        type=int,
+        default=10,
+        help="exported as NSYS_WARMUP_STEPS (default: 10)",
+    )
     add("--nsys-num-steps", type=int, default=1, help="exported as NSYS_NUM_STEPS (default: 1)")
     add("--nsys-trace", default="cuda,nvtx", help="nsys --trace list (default: cuda,nvtx)")
-    add("--nsys-capture-range", default="cudaProfilerApi", choices=["cudaProfilerApi", "nvtx", "none"],
-        help="what starts recording (default: cudaProfilerApi; none: the whole run)")
-    add("--nsys-output", default=NsysSpec.output,
+    add(
+        "--nsys-capture-range",
+        default="cudaProfilerApi",
+        choices=["cudaProfilerApi", "nvtx", "none"],
+        help="what starts recording (default: cudaProfilerApi; none: the whole run)",
+    )
+    add(
+        "--nsys-output",
+        default=NsysSpec.output,
         help="report path per rank; {rank}, {local_rank}, {node} are filled in by the agent "
-        "(default: %(default)s)")
-    add("--nsys-args", action="append", default=[], metavar="'ARGS'",
-        help="more nsys profile flags, e.g. --nsys-args='--gpu-metrics-devices=0'")
+        "(default: %(default)s)",
+    )
+    add(
+        "--nsys-args",
+        action="append",
+        default=[],
+        metavar="'ARGS'",
+        help="more nsys profile flags, e.g. --nsys-args='--gpu-metrics-devices=0'",
+    )
 
 
 def _output_options(group) -> None:
     add = group.add_argument
-    add("-o", "--output", help="script file, or directory for a sweep (default: <job-name>.sbatch, <job-name>-sweep)")
-    add("--print", dest="print_script", action="store_true",
-        help="print the script; writes no file unless --output or --submit is given")
-    add("--submit", action="store_true", help="run sbatch on the written script(s); prints each job id")
-    add("--sbatch-command", default="sbatch", metavar="CMD", help="the sbatch to run with --submit (default: sbatch)")
+    add(
+        "-o",
+        "--output",
+        help="script file, or directory for a sweep (default: <job-name>.sbatch, <job-name>-sweep)",
+    )
+    add(
+        "--print",
+        dest="print_script",
+        action="store_true",
+        help="print the script; writes no file unless --output or --submit is given",
+    )
+    add(
+        "--submit",
+        action="store_true",
+        help="run sbatch on the written script(s); prints each job id",
+    )
+    add(
+        "--sbatch-command",
+        default="sbatch",
+        metavar="CMD",
+        help="the sbatch to run with --submit (default: sbatch)",
+    )
     add("--allow-many-gpus", action="store_true", help="allow more than 8 GPUs per node")
-    add("--no-path-checks", action="store_true",
-        help="do not check that the script, configs and image exist here (paths valid only on the nodes)")
+    add(
+        "--no-path-checks",
+        action="store_true",
+        help="do not check that the script, configs and image exist here (paths valid only on the nodes)",
+    )
 
 
 def parse(argv: Sequence[str]) -> Request:
@@ -158,9 +249,14 @@ def parse(argv: Sequence[str]) -> Request:
         nsys=_nsys(ns),
     )
     return Request(
-        job=job, output=ns.output, print_script=ns.print_script, submit=ns.submit,
-        search_config=ns.search_config, overrides=tuple(ns.overrides),
-        allow_many_gpus=ns.allow_many_gpus, check_paths=not ns.no_path_checks,
+        job=job,
+        output=ns.output,
+        print_script=ns.print_script,
+        submit=ns.submit,
+        search_config=ns.search_config,
+        overrides=tuple(ns.overrides),
+        allow_many_gpus=ns.allow_many_gpus,
+        check_paths=not ns.no_path_checks,
         sbatch_command=ns.sbatch_command,
     )
 
@@ -168,22 +264,36 @@ def parse(argv: Sequence[str]) -> Request:
 def _slurm(ns: argparse.Namespace) -> SlurmSpec:
     return SlurmSpec(
         job_name=ns.job_name if ns.job_name is not None else PurePath(ns.script).stem or "job",
-        nodes=ns.nodes, gpus_per_node=ns.gpus_per_node, cpus_per_task=ns.cpus_per_task, mem=ns.mem,
-        time=ns.time, account=ns.account, partition=ns.partition, output=ns.sbatch_output,
-        error=ns.sbatch_error, signal=ns.signal, array=ns.array, extra=tuple(ns.sbatch),
+        nodes=ns.nodes,
+        gpus_per_node=ns.gpus_per_node,
+        cpus_per_task=ns.cpus_per_task,
+        mem=ns.mem,
+        time=ns.time,
+        account=ns.account,
+        partition=ns.partition,
+        output=ns.sbatch_output,
+        error=ns.sbatch_error,
+        signal=ns.signal,
+        array=ns.array,
+        extra=tuple(ns.sbatch),
     )
 
 
-def _step(ns: argparse.Namespace, configs: tuple[str, ...], script_args: tuple[str, ...]) -> StepSpec:
+def _step(
+    ns: argparse.Namespace, configs: tuple[str, ...], script_args: tuple[str, ...]
+) -> StepSpec:
     env = [_env_pair(text) for text in ns.env]
     if ns.wandb_project:
         env.append(("WANDB_PROJECT", ns.wandb_project))
     if ns.wandb_group:
         env.append(("WANDB_RUN_GROUP", ns.wandb_group))
     return StepSpec(
-        script=ns.script, configs=configs, script_args=script_args,
+        script=ns.script,
+        configs=configs,
+        script_args=script_args,
         mode=StepMode.SRUN_ONLY if ns.srun_only else StepMode.PER_NODE,
-        agent_options=_split_all(ns.agent_opts, "--agent-opts"), env=tuple(env),
+        agent_options=_split_all(ns.agent_opts, "--agent-opts"),
+        env=tuple(env),
         wandb=bool(ns.wandb or ns.wandb_project or ns.wandb_group),
     )
 
@@ -194,14 +304,20 @@ def _container(ns: argparse.Namespace) -> ContainerSpec:
     else:
         kind = ContainerKind.PYXIS if ns.container_image else ContainerKind.NONE
     mounts = tuple(m.strip() for text in ns.container_mounts for m in text.split(","))
-    return ContainerSpec(kind=kind, image=ns.container_image or "", mounts=mounts, workdir=ns.container_workdir)
+    return ContainerSpec(
+        kind=kind, image=ns.container_image or "", mounts=mounts, workdir=ns.container_workdir
+    )
 
 
 def _nsys(ns: argparse.Namespace) -> NsysSpec:
     return NsysSpec(
-        enabled=ns.nsys, ranks=parse_ranks(ns.nsys_ranks), warmup_steps=ns.nsys_warmup_steps,
-        num_steps=ns.nsys_num_steps, trace=tuple(t for t in ns.nsys_trace.split(",") if t),
-        capture_range=ns.nsys_capture_range, output=ns.nsys_output,
+        enabled=ns.nsys,
+        ranks=parse_ranks(ns.nsys_ranks),
+        warmup_steps=ns.nsys_warmup_steps,
+        num_steps=ns.nsys_num_steps,
+        trace=tuple(t for t in ns.nsys_trace.split(",") if t),
+        capture_range=ns.nsys_capture_range,
+        output=ns.nsys_output,
         extra_args=_split_all(ns.nsys_args, "--nsys-args"),
     )
 

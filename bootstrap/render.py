@@ -46,15 +46,21 @@ def words(items: Sequence[str]) -> str:
 def _intro(job: JobSpec) -> str:
     gpus = job.slurm.gpus_per_node
     if job.step.mode is StepMode.SRUN_ONLY:
-        what = f"# srun starts one agent per rank ({gpus} per node, one GPU each); each runs its rank."
+        what = (
+            f"# srun starts one agent per rank ({gpus} per node, one GPU each); each runs its rank."
+        )
     else:
-        what = "# srun starts one agent per node; each starts, supervises and logs its node's ranks."
+        what = (
+            "# srun starts one agent per node; each starts, supervises and logs its node's ranks."
+        )
     lines = [
         "#!/bin/bash",
         "# Written by `python -m bootstrap` (launch-agent): change its options and regenerate.",
         what,
     ]
-    return "\n".join(lines + [f"#SBATCH {line}" for line in sbatch_options(job.slurm, job.step.mode)])
+    return "\n".join(
+        lines + [f"#SBATCH {line}" for line in sbatch_options(job.slurm, job.step.mode)]
+    )
 
 
 def sbatch_options(slurm: SlurmSpec, mode: StepMode) -> list[str]:
@@ -80,20 +86,24 @@ def sbatch_options(slurm: SlurmSpec, mode: StepMode) -> list[str]:
 
 
 def _preamble() -> str:
-    return "\n".join([
-        "set -euo pipefail",
-        "",
-        "# A fresh secret for this job: node 0's agent signs the configs it shares, the others verify.",
-        "AGENT_SECRET=$(python3 -c 'import secrets;print(secrets.token_hex(32))')",
-        "export AGENT_SECRET",
-        "export PYTHONUNBUFFERED=1  # job log lines in order, as they happen",
-    ])
+    return "\n".join(
+        [
+            "set -euo pipefail",
+            "",
+            "# A fresh secret for this job: node 0's agent signs the configs it shares, the others verify.",
+            "AGENT_SECRET=$(python3 -c 'import secrets;print(secrets.token_hex(32))')",
+            "export AGENT_SECRET",
+            "export PYTHONUNBUFFERED=1  # job log lines in order, as they happen",
+        ]
+    )
 
 
 def _environment(job: JobSpec) -> str:
     lines: list[str] = []
     if job.step.env:
-        lines.append("# Environment for every rank: srun passes the batch environment on to the agents.")
+        lines.append(
+            "# Environment for every rank: srun passes the batch environment on to the agents."
+        )
         lines += [f"export {key}={word(value)}" for key, value in job.step.env]
     if job.nsys.enabled:
         lines += _nsys_environment(job.nsys)
@@ -145,18 +155,22 @@ def _step(job: JobSpec) -> str:
     if job.step.script_args:
         command.append(words(["--", *job.step.script_args]))
     body = " \\\n  ".join(command)
-    return "\n".join([
-        *_step_comment(job),
-        "status=0",
-        f"{body} || status=$?",
-        'echo "finished:    $(date -Is), exit status ${status}"',
-        'exit "${status}"',
-    ])
+    return "\n".join(
+        [
+            *_step_comment(job),
+            "status=0",
+            f"{body} || status=$?",
+            'echo "finished:    $(date -Is), exit status ${status}"',
+            'exit "${status}"',
+        ]
+    )
 
 
 def _step_comment(job: JobSpec) -> list[str]:
     if job.step.mode is StepMode.SRUN_ONLY:
-        first = "# One agent per rank, one GPU each (--world slurm-task: srun's tasks are the ranks)."
+        first = (
+            "# One agent per rank, one GPU each (--world slurm-task: srun's tasks are the ranks)."
+        )
     else:
         first = "# One agent per node; it starts, supervises and logs the ranks of its node."
     lines = [first, "# --kill-on-bad-exit=1 ends the whole step as soon as one agent fails."]

@@ -17,7 +17,9 @@ def submit(script: str, *, sbatch: str = "sbatch", run: Run = subprocess.run) ->
     try:
         done = run(argv, capture_output=True, text=True, check=False)
     except FileNotFoundError:
-        raise AgentError(f"{argv[0]} not found: submit from a Slurm login node, or pass --sbatch-command") from None
+        raise AgentError(
+            f"{argv[0]} not found: submit from a Slurm login node, or pass --sbatch-command"
+        ) from None
     if done.returncode != 0:
         lines = (done.stderr or done.stdout or "").strip().splitlines()
         why = lines[-1] if lines else "no message"

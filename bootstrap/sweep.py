@@ -11,8 +11,8 @@ from typing import Any
 
 import yaml
 
-from agent.config import apply_overrides, merge
 from agent.errors import AgentError
+from agent.plan.config import apply_overrides, merge
 from bootstrap.spec import JobSpec
 
 Path = tuple[str, ...]
@@ -41,12 +41,14 @@ def points(template: Mapping, search: Mapping, overrides: Sequence[str] = ()) ->
     for index, combo in enumerate(itertools.product(*dims)):
         chosen = list(zip(paths, combo, strict=True))
         named = [(path, value) for path, value in chosen if path in varying]
-        result.append(SweepPoint(
-            index=index,
-            name=point_name(index, named),
-            values=tuple((".".join(path), value) for path, value in chosen),
-            config=merge([template, _overlay(chosen)]),
-        ))
+        result.append(
+            SweepPoint(
+                index=index,
+                name=point_name(index, named),
+                values=tuple((".".join(path), value) for path, value in chosen),
+                config=merge([template, _overlay(chosen)]),
+            )
+        )
     return result
 
 

@@ -41,11 +41,19 @@ def log(message: str) -> None:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="one repetition per cell, shorter caps (~6 min)")
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--quick", action="store_true", help="one repetition per cell, shorter caps (~6 min)"
+    )
     p.add_argument("--out", default="bench-results", help="directory for bench.md and bench.json")
-    p.add_argument("--only", default=",".join(SECTIONS), help=f"comma list of sections: {','.join(SECTIONS)}")
-    p.add_argument("--keep", action="store_true", help="keep the scratch directory (logs of every run)")
+    p.add_argument(
+        "--only", default=",".join(SECTIONS), help=f"comma list of sections: {','.join(SECTIONS)}"
+    )
+    p.add_argument(
+        "--keep", action="store_true", help="keep the scratch directory (logs of every run)"
+    )
     args = p.parse_args(argv)
     args.sections = [s.strip() for s in args.only.split(",") if s.strip()]
     unknown = set(args.sections) - set(SECTIONS)
@@ -59,30 +67,42 @@ def machine_facts() -> dict[str, Any]:
 
     return {
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-        "cores": os.cpu_count(), "usable_cores": len(os.sched_getaffinity(0)),
-        "python": platform.python_version(), "torch": torch.__version__,
-        "kernel": platform.release(), "machine": platform.machine(),
-        "gpu": bool(torch.cuda.is_available()), "loadavg_start": os.getloadavg(),
+        "cores": os.cpu_count(),
+        "usable_cores": len(os.sched_getaffinity(0)),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "kernel": platform.release(),
+        "machine": platform.machine(),
+        "gpu": bool(torch.cuda.is_available()),
+        "loadavg_start": os.getloadavg(),
     }
 
 
 def plan(quick: bool) -> dict[str, Any]:
     """Repetitions and budgets (seconds) per section; a budget caps repetitions, never cells."""
     if quick:
-        return {"launch": {"sizes": [1, 4, 8], "reps": {1: 1, 4: 1, 8: 1}, "budget": 100},
-                "teardown": {"ours_reps": 1, "torchrun_reps": 1, "budget": 90},
-                "rdzv": {"reps": 1, "torch_cap": 20.0, "budget": 60},
-                "tee": {"reps": 1, "budget": 60, "lines": 1_000_000, "bulk_mib": 64},
-                "cli": {"reps": 5}, "steady": {"seconds": 10.0}}
-    return {"launch": {"sizes": [1, 4, 8], "reps": {1: 3, 4: 3, 8: 2}, "budget": 280},
-            "teardown": {"ours_reps": 3, "torchrun_reps": 1, "budget": 100},
-            "rdzv": {"reps": 3, "torch_cap": 30.0, "budget": 75},
-            "tee": {"reps": 2, "budget": 100, "lines": 1_000_000, "bulk_mib": 64},
-            "cli": {"reps": 10}, "steady": {"seconds": 20.0}}
+        return {
+            "launch": {"sizes": [1, 4, 8], "reps": {1: 1, 4: 1, 8: 1}, "budget": 100},
+            "teardown": {"ours_reps": 1, "torchrun_reps": 1, "budget": 90},
+            "rdzv": {"reps": 1, "torch_cap": 20.0, "budget": 60},
+            "tee": {"reps": 1, "budget": 60, "lines": 1_000_000, "bulk_mib": 64},
+            "cli": {"reps": 5},
+            "steady": {"seconds": 10.0},
+        }
+    return {
+        "launch": {"sizes": [1, 4, 8], "reps": {1: 3, 4: 3, 8: 2}, "budget": 280},
+        "teardown": {"ours_reps": 3, "torchrun_reps": 1, "budget": 100},
+        "rdzv": {"reps": 3, "torch_cap": 30.0, "budget": 75},
+        "tee": {"reps": 2, "budget": 100, "lines": 1_000_000, "bulk_mib": 64},
+        "cli": {"reps": 10},
+        "steady": {"seconds": 20.0},
+    }
 
 
-def run_section(name: str, cfg: dict[str, Any], work: Path, raw: dict[str, Any], sections: list[str]) -> dict[str, Any]:
-    later = sections[sections.index(name) + 1:]
+def run_section(
+    name: str, cfg: dict[str, Any], work: Path, raw: dict[str, Any], sections: list[str]
+) -> dict[str, Any]:
+    later = sections[sections.index(name) + 1 :]
     overlapped = "steady" if "teardown" in sections and "steady" in sections else None
     reserve = sum(MIN_COST[s] for s in later if s != overlapped)
     budget = c.Budget(cfg[name].get("budget", 600), reserve)
@@ -91,9 +111,13 @@ def run_section(name: str, cfg: dict[str, Any], work: Path, raw: dict[str, Any],
         return launch.run(mine["sizes"], mine["reps"], budget, work, log)
     if name == "teardown":
         during = None
-        if "steady" in sections:  # the steady-state run fits in torchrun's idle 60 s cap: overlap them
+        if (
+            "steady" in sections
+        ):  # the steady-state run fits in torchrun's idle 60 s cap: overlap them
+
             def during() -> None:
                 raw["steady"] = steady.run(cfg["steady"]["seconds"], work, log)
+
         return teardown.run(mine["ours_reps"], mine["torchrun_reps"], budget, work, log, during)
     cfg = mine
     if name == "rdzv":
@@ -105,15 +129,22 @@ def run_section(name: str, cfg: dict[str, Any], work: Path, raw: dict[str, Any],
     return steady.run(cfg["seconds"], work, log)
 
 
-SUMMARIZERS: dict[str, Callable[[dict[str, Any]], tuple[Table | list[Table], list[Target], Any]]] = {
-    "launch": launch.summarize, "teardown": teardown.summarize, "rdzv": rdzv.summarize,
-    "tee": tee.summarize, "cli": cli_start.summarize, "steady": steady.summarize,
+SUMMARIZERS: dict[
+    str, Callable[[dict[str, Any]], tuple[Table | list[Table], list[Target], Any]]
+] = {
+    "launch": launch.summarize,
+    "teardown": teardown.summarize,
+    "rdzv": rdzv.summarize,
+    "tee": tee.summarize,
+    "cli": cli_start.summarize,
+    "steady": steady.summarize,
 }
 
 
 def render(facts: dict[str, Any], tables: list[Table], targets: list[Target], quick: bool) -> str:
     head = [
-        "## Benchmark run" + (" (--quick)" if quick else ""), "",
+        "## Benchmark run" + (" (--quick)" if quick else ""),
+        "",
         f"- date: {facts['date']}; total wall {facts['total_s']:.0f} s",
         f"- machine: {facts['cores']} cores ({facts['usable_cores']} usable), {facts['machine']}, kernel "
         f"{facts['kernel']}, GPU: {'yes' if facts['gpu'] else 'none'}",
@@ -168,8 +199,13 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "bench.md").write_text(text)
-    document = {"facts": facts, "plan": cfg, "raw": raw, "summary": summaries,
-                "targets": [t.__dict__ for t in targets]}
+    document = {
+        "facts": facts,
+        "plan": cfg,
+        "raw": raw,
+        "summary": summaries,
+        "targets": [t.__dict__ for t in targets],
+    }
     (out / "bench.json").write_text(json.dumps(document, indent=1, default=str))
     print(text)
     log(f"wrote {out / 'bench.md'} and {out / 'bench.json'} in {facts['total_s']:.0f} s")

@@ -15,10 +15,24 @@ import time
 
 def spawn_ms(cpus: str, mems: str) -> float:
     start = time.perf_counter()
-    from agent.workers import CHILD_WRAPPER, child_paths
+    from agent.run.workers import CHILD_WRAPPER, child_paths
 
-    subprocess.run([sys.executable, "-S", "-E", CHILD_WRAPPER, str(os.getpid()), cpus, mems, "preferred", child_paths(),
-                    "--", "true"], check=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-S",
+            "-E",
+            CHILD_WRAPPER,
+            str(os.getpid()),
+            cpus,
+            mems,
+            "preferred",
+            child_paths(),
+            "--",
+            "true",
+        ],
+        check=True,
+    )
     return (time.perf_counter() - start) * 1000
 
 
@@ -30,8 +44,10 @@ def main() -> None:
         plain.append(spawn_ms("-", "-"))
         bound.append(spawn_ms(cpu, "0"))
     p, b = statistics.median(plain), statistics.median(bound)
-    print(f"exec wrapper, unbound: {p:.1f} ms; bound (cpu {cpu}, memory node 0): {b:.1f} ms; "
-          f"binding adds {b - p:+.1f} ms per rank (median of {n})")
+    print(
+        f"exec wrapper, unbound: {p:.1f} ms; bound (cpu {cpu}, memory node 0): {b:.1f} ms; "
+        f"binding adds {b - p:+.1f} ms per rank (median of {n})"
+    )
 
 
 if __name__ == "__main__":

@@ -19,7 +19,9 @@ FIXTURE = str(REPO / "tests" / "fixtures" / "rank.py")
 CHECK_ARGS = str(REPO / "scripts" / "examples" / "check_args.py")
 
 
-def slurm_env(job: str, nnodes: int, node: int, step: str = "0", gpus: int | None = None) -> dict[str, str]:
+def slurm_env(
+    job: str, nnodes: int, node: int, step: str = "0", gpus: int | None = None
+) -> dict[str, str]:
     env = {
         "SLURM_JOB_ID": job,
         "SLURM_STEP_ID": step,
@@ -39,7 +41,14 @@ def slurm_env(job: str, nnodes: int, node: int, step: str = "0", gpus: int | Non
 
 def base_env(tmp: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "OMPI_", "PMI_"))}
-    for key in ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "CUDA_VISIBLE_DEVICES"):
+    for key in (
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "WORLD_SIZE",
+        "RANK",
+        "LOCAL_RANK",
+        "CUDA_VISIBLE_DEVICES",
+    ):
         env.pop(key, None)
     env["AGENT_SECRET"] = "test-secret-" + tmp.name
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
@@ -72,8 +81,14 @@ class Cluster:
     def log_dir(self) -> Path:
         return self.tmp / f"logs-{self.job}.{self.step}"
 
-    def start(self, args: list[str], nodes: list[int] | None = None, env: dict[str, str] | None = None,
-              per_node_env=None, cwd: Path | None = None) -> Cluster:
+    def start(
+        self,
+        args: list[str],
+        nodes: list[int] | None = None,
+        env: dict[str, str] | None = None,
+        per_node_env=None,
+        cwd: Path | None = None,
+    ) -> Cluster:
         for node in range(self.nnodes) if nodes is None else nodes:
             full = base_env(self.tmp)
             full.update(slurm_env(self.job, self.nnodes, node, self.step))
@@ -84,8 +99,15 @@ class Cluster:
             err = self.tmp / f"agent-{self.job}-{node}.err"
             argv = [sys.executable, "-m", "agent", "--log-dir", str(self.log_dir), *args]
             with open(out, "wb") as o, open(err, "wb") as e:
-                proc = subprocess.Popen(argv, env=full, stdout=o, stderr=e, stdin=subprocess.DEVNULL,
-                                        cwd=cwd or self.tmp, start_new_session=True)
+                proc = subprocess.Popen(
+                    argv,
+                    env=full,
+                    stdout=o,
+                    stderr=e,
+                    stdin=subprocess.DEVNULL,
+                    cwd=cwd or self.tmp,
+                    start_new_session=True,
+                )
             self.agents.append(Agent(node, proc, out, err))
         return self
 
@@ -97,7 +119,9 @@ class Cluster:
                 codes.append(agent.proc.wait(max(0.1, deadline - time.monotonic())))
             except subprocess.TimeoutExpired:
                 self.kill()
-                raise AssertionError(f"agent {agent.node} did not exit in {timeout}s:\n{self.dump()}") from None
+                raise AssertionError(
+                    f"agent {agent.node} did not exit in {timeout}s:\n{self.dump()}"
+                ) from None
         return codes
 
     def kill(self) -> None:
@@ -112,8 +136,10 @@ class Cluster:
         return f"{self.job}.{self.step}"
 
     def dump(self) -> str:
-        return "\n".join(f"--- agent {a.node} stdout:\n{a.stdout()}\n--- agent {a.node} stderr:\n{a.stderr()}"
-                         for a in self.agents)
+        return "\n".join(
+            f"--- agent {a.node} stdout:\n{a.stdout()}\n--- agent {a.node} stderr:\n{a.stderr()}"
+            for a in self.agents
+        )
 
     def summary(self) -> dict:
         return json.loads((self.log_dir / "summary.json").read_text())

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-from agent.topology import format_cpulist
+from agent.plan.topology import format_cpulist
 
 NODE0_GPUS = ("0000:07:00.0", "0000:0f:00.0", "0000:47:00.0", "0000:4e:00.0")
 NODE1_GPUS = ("0000:87:00.0", "0000:90:00.0", "0000:b7:00.0", "0000:bd:00.0")

@@ -29,7 +29,9 @@ def test_importing_the_bench_does_not_import_torch() -> None:
     assert "torch" not in vars(bench)
 
 
-@pytest.mark.parametrize(("ranks", "factor"), [(1, 0.0), (2, 1.0), (4, 1.5), (8, 1.75), (16, 1.875)])
+@pytest.mark.parametrize(
+    ("ranks", "factor"), [(1, 0.0), (2, 1.0), (4, 1.5), (8, 1.75), (16, 1.875)]
+)
 def test_bus_factor_is_two_n_minus_one_over_n(ranks: int, factor: float) -> None:
     assert bench.bus_factor(ranks) == factor
 
@@ -40,12 +42,28 @@ def test_bus_factor_needs_a_rank() -> None:
 
 
 # (nodes or GPUs, busbw, algbw) from the seeds' measured tables, rounded to 0.1 GB/s there.
-SEED_003 = [(1, 2512.1, 1674.7), (2, 1192.2, 681.2), (4, 655.7, 349.7), (8, 658.3, 339.8),
-            (16, 662.0, 336.3), (32, 663.8, 334.5), (64, 660.3, 331.5), (128, 633.6, 317.4)]
-SEED_004 = [(2, 1687.1, 1687.1), (4, 1621.5, 1081.0), (8, 1662.4, 949.9), (16, 122.3, 65.2), (32, 76.2, 39.3)]
+SEED_003 = [
+    (1, 2512.1, 1674.7),
+    (2, 1192.2, 681.2),
+    (4, 655.7, 349.7),
+    (8, 658.3, 339.8),
+    (16, 662.0, 336.3),
+    (32, 663.8, 334.5),
+    (64, 660.3, 331.5),
+    (128, 633.6, 317.4),
+]
+SEED_004 = [
+    (2, 1687.1, 1687.1),
+    (4, 1621.5, 1081.0),
+    (8, 1662.4, 949.9),
+    (16, 122.3, 65.2),
+    (32, 76.2, 39.3),
+]
 
 
-@pytest.mark.parametrize(("ranks", "bus", "alg"), [(4 * nodes, bus, alg) for nodes, bus, alg in SEED_003] + SEED_004)
+@pytest.mark.parametrize(
+    ("ranks", "bus", "alg"), [(4 * nodes, bus, alg) for nodes, bus, alg in SEED_003] + SEED_004
+)
 def test_busbw_matches_published_tables(ranks: int, bus: float, alg: float) -> None:
     """Seed 003 ran 4 GPUs per node; seed 004 counts GPUs. Both follow busbw = algbw x 2(n-1)/n."""
     assert bench.busbw(alg, ranks) == pytest.approx(bus, rel=2e-3)
@@ -67,8 +85,16 @@ def test_make_row() -> None:
 
 @pytest.mark.parametrize(
     ("text", "size"),
-    [("4096", 4096), ("1K", KIB), ("64k", 64 * KIB), ("64KiB", 64 * KIB), ("256M", 256 * MIB),
-     ("1G", GIB), ("2gb", 2 * GIB), (" 8 MiB ", 8 * MIB)],
+    [
+        ("4096", 4096),
+        ("1K", KIB),
+        ("64k", 64 * KIB),
+        ("64KiB", 64 * KIB),
+        ("256M", 256 * MIB),
+        ("1G", GIB),
+        ("2gb", 2 * GIB),
+        (" 8 MiB ", 8 * MIB),
+    ],
 )
 def test_parse_size(text: str, size: int) -> None:
     assert bench.parse_size(text) == size
@@ -82,7 +108,9 @@ def test_parse_size_rejects(text: str) -> None:
 
 def test_message_sizes_double_from_kib_to_the_cap() -> None:
     assert bench.message_sizes(KIB, GIB) == [KIB << i for i in range(21)]
-    assert bench.message_sizes(KIB, 100 * KIB) == [KIB << i for i in range(7)]  # 64 KiB: next is over
+    assert bench.message_sizes(KIB, 100 * KIB) == [
+        KIB << i for i in range(7)
+    ]  # 64 KiB: next is over
     assert bench.message_sizes(KIB, 4 * KIB, factor=4) == [KIB, 4 * KIB]
     assert bench.message_sizes(KIB, KIB - 1) == []
 
@@ -94,16 +122,27 @@ def test_memory_cap_shares_free_memory_between_local_ranks() -> None:
 
 
 def test_format_size() -> None:
-    assert [bench.format_size(s) for s in (512, KIB, 64 * KIB, 3 * MIB, GIB)] == \
-        ["512 B", "1 KiB", "64 KiB", "3 MiB", "1 GiB"]
+    assert [bench.format_size(s) for s in (512, KIB, 64 * KIB, 3 * MIB, GIB)] == [
+        "512 B",
+        "1 KiB",
+        "64 KiB",
+        "3 MiB",
+        "1 GiB",
+    ]
 
 
 def test_table_and_report() -> None:
     rows = [bench.make_row(size, 4, "float32", 1e-3, 4) for size in (KIB, 2 * KIB)]
     lines = bench.format_table(rows).splitlines()
     assert len(lines) == 4 and len({len(line) for line in lines}) == 1  # header, rule, two rows
-    assert lines[0].split("|")[1:-1] == [" size (B) ", " count ", "    type ", " time (us) ",
-                                         " algbw (GB/s) ", " busbw (GB/s) "]
+    assert lines[0].split("|")[1:-1] == [
+        " size (B) ",
+        " count ",
+        "    type ",
+        " time (us) ",
+        " algbw (GB/s) ",
+        " busbw (GB/s) ",
+    ]
     assert lines[2].split("|")[1].strip() == "1024"
     result = bench.report(rows, 4, {"backend": "gloo"})
     assert result["world_size"] == 4 and result["bus_factor"] == 1.5 and result["backend"] == "gloo"

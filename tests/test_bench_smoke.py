@@ -24,8 +24,16 @@ def test_median_ratio_minus() -> None:
     assert stats.minus(5.0, 2.0) == 3.0 and stats.minus(None, 2.0) is None
 
 
-@pytest.mark.parametrize(("value", "text"), [(None, "n/a"), (2_500_000.0, "2.50 M/s"), (1500.0, "1.50 k/s"),
-                                             (3.2e9, "3.20 G/s"), (12.0, "12 /s")])
+@pytest.mark.parametrize(
+    ("value", "text"),
+    [
+        (None, "n/a"),
+        (2_500_000.0, "2.50 M/s"),
+        (1500.0, "1.50 k/s"),
+        (3.2e9, "3.20 G/s"),
+        (12.0, "12 /s"),
+    ],
+)
 def test_rate(value, text) -> None:
     assert stats.rate(value) == text
 
@@ -51,20 +59,37 @@ def test_table_markdown_and_arity() -> None:
 
 
 def test_targets_table() -> None:
-    text = stats.targets_table([stats.Target("t", "≤ 1 s", "0.5 s", True),
-                                stats.Target("u", "≥ 10×", "n/a", None)]).markdown()
+    text = stats.targets_table(
+        [stats.Target("t", "≤ 1 s", "0.5 s", True), stats.Target("u", "≥ 10×", "n/a", None)]
+    ).markdown()
     assert "| t | ≤ 1 s | 0.5 s | met |" in text and "| u | ≥ 10× | n/a | n/a |" in text
 
 
-@pytest.mark.parametrize(("mode", "count", "size", "rounds"),
-                         [("lines", 2500, 64, 1), ("lines", 1000, 40, 2), ("bulk", 3 * 1000 + 7, 1000, 2)])
+@pytest.mark.parametrize(
+    ("mode", "count", "size", "rounds"),
+    [("lines", 2500, 64, 1), ("lines", 1000, 40, 2), ("bulk", 3 * 1000 + 7, 1000, 2)],
+)
 def test_spew_writes_exactly_the_expected_stream(tmp_path, mode, count, size, rounds) -> None:
     env = {"RANK": "3", "PATH": "/usr/bin:/bin"}
-    out = subprocess.run([sys.executable, str(REPO / "scripts" / "bench" / "spew.py"), mode, str(count),
-                          str(size), str(tmp_path), str(rounds)], env=env, capture_output=True, check=True).stdout
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "scripts" / "bench" / "spew.py"),
+            mode,
+            str(count),
+            str(size),
+            str(tmp_path),
+            str(rounds),
+        ],
+        env=env,
+        capture_output=True,
+        check=True,
+    ).stdout
     assert (len(out), hashlib.sha1(out).hexdigest()) == spew.expected(mode, count, size, 3, rounds)
     if mode == "lines":
-        assert out.count(b"\n") == count * rounds and all(len(line) == size - 1 for line in out.splitlines())
+        assert out.count(b"\n") == count * rounds and all(
+            len(line) == size - 1 for line in out.splitlines()
+        )
     else:
         assert b"\n" not in out
     for r in range(rounds):

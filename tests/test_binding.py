@@ -6,16 +6,15 @@ from pathlib import Path
 
 import pytest
 
-from agent.binding import Binding, default_mode, plan_bindings, split_cpus
 from agent.errors import AgentError, ExitCode
-from agent.topology import (
+from agent.plan.binding import Binding, default_mode, plan_bindings, split_cpus
+from agent.plan.gpus import parse_visible, select_gpus
+from agent.plan.topology import (
     Gpu,
     Topology,
     format_cpulist,
     parse_cpulist,
-    parse_visible,
     read_topology,
-    select_gpus,
 )
 from tests.fake_sysfs import add_cpus, add_gpu, add_node, dgx, single_node
 

@@ -67,27 +67,37 @@ def test_path_checks_can_be_skipped():
 
 
 def test_local_container_image_must_exist():
-    job = replace(JOB, container=ContainerSpec(kind=ContainerKind.PYXIS, image="/images/other.sqsh"))
+    job = replace(
+        JOB, container=ContainerSpec(kind=ContainerKind.PYXIS, image="/images/other.sqsh")
+    )
     fails(r"^container image /images/other.sqsh not found", job)
 
 
-@pytest.mark.parametrize(("kind", "image"), [
-    (ContainerKind.PYXIS, "/images/pytorch.sqsh"),
-    (ContainerKind.PYXIS, "nvcr.io#nvidia/pytorch:24.01-py3"),
-    (ContainerKind.PYXIS, "ubuntu:22.04"),
-    (ContainerKind.APPTAINER, "docker://nvcr.io/nvidia/pytorch:24.01-py3"),
-])
+@pytest.mark.parametrize(
+    ("kind", "image"),
+    [
+        (ContainerKind.PYXIS, "/images/pytorch.sqsh"),
+        (ContainerKind.PYXIS, "nvcr.io#nvidia/pytorch:24.01-py3"),
+        (ContainerKind.PYXIS, "ubuntu:22.04"),
+        (ContainerKind.APPTAINER, "docker://nvcr.io/nvidia/pytorch:24.01-py3"),
+    ],
+)
 def test_registry_images_and_present_files_pass(kind, image):
     check(replace(JOB, container=ContainerSpec(kind=kind, image=image)))
 
 
 def test_apptainer_image_without_scheme_is_a_file():
-    fails(r"^container image pytorch.sif not found",
-          replace(JOB, container=ContainerSpec(kind=ContainerKind.APPTAINER, image="pytorch.sif")))
+    fails(
+        r"^container image pytorch.sif not found",
+        replace(JOB, container=ContainerSpec(kind=ContainerKind.APPTAINER, image="pytorch.sif")),
+    )
 
 
 def test_container_needs_an_image():
-    fails(r"^--container pyxis needs --container-image", replace(JOB, container=ContainerSpec(kind=ContainerKind.PYXIS)))
+    fails(
+        r"^--container pyxis needs --container-image",
+        replace(JOB, container=ContainerSpec(kind=ContainerKind.PYXIS)),
+    )
 
 
 def test_mounts_need_a_container():
@@ -110,18 +120,38 @@ def test_more_than_eight_gpus_needs_allow_many_gpus():
 
 
 def test_srun_only_needs_gpus():
-    fails(r"^--srun-only starts one task per GPU", replace(
-        JOB, slurm=replace(JOB.slurm, gpus_per_node=0), step=replace(JOB.step, mode=StepMode.SRUN_ONLY)))
+    fails(
+        r"^--srun-only starts one task per GPU",
+        replace(
+            JOB,
+            slurm=replace(JOB.slurm, gpus_per_node=0),
+            step=replace(JOB.step, mode=StepMode.SRUN_ONLY),
+        ),
+    )
 
 
-@pytest.mark.parametrize("good", [
-    "90", "90:30", "01:00:00", "100:00:00", "2-0", "2-12", "2-12:30", "2-12:30:15", "UNLIMITED", "infinite",
-])
+@pytest.mark.parametrize(
+    "good",
+    [
+        "90",
+        "90:30",
+        "01:00:00",
+        "100:00:00",
+        "2-0",
+        "2-12",
+        "2-12:30",
+        "2-12:30:15",
+        "UNLIMITED",
+        "infinite",
+    ],
+)
 def test_time_formats_slurm_accepts(good):
     checks.check_time(good)
 
 
-@pytest.mark.parametrize("bad", ["1h", "01:00:00:00", "1:60", "2-24:00:00", "1:00:61", "-5", "2-", "", "1.5"])
+@pytest.mark.parametrize(
+    "bad", ["1h", "01:00:00:00", "1:60", "2-24:00:00", "1:00:61", "-5", "2-", "", "1.5"]
+)
 def test_time_formats_slurm_rejects(bad):
     fails(rf"^--time {bad!r}", with_slurm(time=bad))
 
@@ -131,14 +161,17 @@ def test_array_formats_slurm_accepts(good):
     checks.check_array(good)
 
 
-@pytest.mark.parametrize(("bad", "why"), [
-    ("0-3%", "the limit after %"),
-    ("0-3%0", "the limit after %"),
-    ("a-b", "is not a Slurm array"),
-    ("3-1", "range 3-1 ends before it starts"),
-    ("0-8:0", "the step in 0-8:0"),
-    ("1,,2", "is not a Slurm array"),
-])
+@pytest.mark.parametrize(
+    ("bad", "why"),
+    [
+        ("0-3%", "the limit after %"),
+        ("0-3%0", "the limit after %"),
+        ("a-b", "is not a Slurm array"),
+        ("3-1", "range 3-1 ends before it starts"),
+        ("0-8:0", "the step in 0-8:0"),
+        ("1,,2", "is not a Slurm array"),
+    ],
+)
 def test_array_formats_slurm_rejects(bad, why):
     fails(rf"^--array {bad!r}.*{why}", with_slurm(array=bad))
 
@@ -154,24 +187,38 @@ def test_env_names_must_be_variable_names():
 
 
 def test_agent_options_go_through_the_agents_parser():
-    fails(r"^--agent-opts: unrecognized arguments: --no-such-option", with_step(agent_options=("--no-such-option",)))
+    fails(
+        r"^--agent-opts: unrecognized arguments: --no-such-option",
+        with_step(agent_options=("--no-such-option",)),
+    )
     check(with_step(agent_options=("--max-restarts", "2", "--log-dir", "logs")))
 
 
 def test_nsys_ranks_must_be_in_the_world():
     nsys = NsysSpec(enabled=True, ranks=(0, 16))
-    fails(r"^--nsys-ranks: rank 16 is not in this job's world of 16 ranks \(0-15\)", replace(JOB, nsys=nsys))
+    fails(
+        r"^--nsys-ranks: rank 16 is not in this job's world of 16 ranks \(0-15\)",
+        replace(JOB, nsys=nsys),
+    )
 
 
 def test_nsys_output_needs_rank_placeholder():
     fails(r"put \{rank\} in it", replace(JOB, nsys=NsysSpec(enabled=True, output="nsys/report")))
 
 
-def run_cli(tmp_path: Path, *argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+def run_cli(
+    tmp_path: Path, *argv: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
     environ = {k: v for k, v in os.environ.items() if k != "WANDB_API_KEY"}
     environ.update(env or {}, PYTHONPATH=str(REPO))
-    return subprocess.run([sys.executable, "-m", "bootstrap", *argv], cwd=tmp_path, env=environ,
-                          capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "bootstrap", *argv],
+        cwd=tmp_path,
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def test_cli_missing_script_exits_2_with_one_line(tmp_path):
@@ -196,4 +243,7 @@ def test_cli_too_many_gpus_and_missing_wandb_key_exit_2(tmp_path):
 def test_cli_bad_option_is_one_line_exit_2(tmp_path):
     done = run_cli(tmp_path, "--nodes", "two", "train.py")
     assert done.returncode == 2
-    assert done.stderr == "bootstrap: argument -N/--nodes: invalid int value: 'two' (see python -m bootstrap --help)\n"
+    assert (
+        done.stderr
+        == "bootstrap: argument -N/--nodes: invalid int value: 'two' (see python -m bootstrap --help)\n"
+    )

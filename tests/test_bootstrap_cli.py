@@ -50,14 +50,22 @@ def test_help_does_not_import_torch():
         "assert 'torch' not in sys.modules, 'torch imported'\n"
         "print('ok')\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
-                          cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
     assert done.returncode == 0, done.stderr
     assert "usage: python -m bootstrap" in done.stdout and done.stdout.endswith("ok\n")
 
 
 def test_positionals_split_like_the_agent():
-    request = cli.parse(["-N", "2", "train.py", "data.yml", "--lr", "1", "model.yaml", "--", "x.yml", "--print"])
+    request = cli.parse(
+        ["-N", "2", "train.py", "data.yml", "--lr", "1", "model.yaml", "--", "x.yml", "--print"]
+    )
     step = request.job.step
     assert step.configs == ("data.yml", "model.yaml")
     assert step.script_args == ("--lr", "1", "x.yml", "--print")
@@ -65,12 +73,33 @@ def test_positionals_split_like_the_agent():
 
 
 def test_options_build_the_spec():
-    request = cli.parse([
-        "-J", "big", "-N", "4", "--gpus-per-node", "4", "--container-image", "./img.sqsh",
-        "--container-mounts", "/a:/a,/b:/b", "--container-mounts", "/c:/c", "--srun-only",
-        "--agent-opts=--max-restarts 2", "--env", "NCCL_DEBUG=INFO", "--wandb-project", "p",
-        "--nsys", "--nsys-ranks", "0,4-5", "--sbatch=--exclusive", "train.py",
-    ])
+    request = cli.parse(
+        [
+            "-J",
+            "big",
+            "-N",
+            "4",
+            "--gpus-per-node",
+            "4",
+            "--container-image",
+            "./img.sqsh",
+            "--container-mounts",
+            "/a:/a,/b:/b",
+            "--container-mounts",
+            "/c:/c",
+            "--srun-only",
+            "--agent-opts=--max-restarts 2",
+            "--env",
+            "NCCL_DEBUG=INFO",
+            "--wandb-project",
+            "p",
+            "--nsys",
+            "--nsys-ranks",
+            "0,4-5",
+            "--sbatch=--exclusive",
+            "train.py",
+        ]
+    )
     job = request.job
     assert (job.slurm.job_name, job.slurm.nodes, job.slurm.extra) == ("big", 4, ("--exclusive",))
     assert job.container.kind is ContainerKind.PYXIS
@@ -83,17 +112,44 @@ def test_options_build_the_spec():
 
 
 def test_cli_reproduces_the_pyxis_golden_script():
-    request = cli.parse([
-        "-N", "2", "--cpus-per-task", "32", "--mem", "200G", "-t", "01:00:00", "-A", "research",
-        "-p", "batch", "--env", "NCCL_DEBUG=WARN", "--env", "OMP_NUM_THREADS=4",
-        "--container-image", "nvcr.io#nvidia/pytorch:24.01-py3",
-        "--container-mounts", "$HOME/data:/data,/scratch:/scratch", "--container-workdir", "/workspace",
-        "train.py", "configs/data.yml", "configs/model.yml", "--", "--seed", "1",
-    ])
+    request = cli.parse(
+        [
+            "-N",
+            "2",
+            "--cpus-per-task",
+            "32",
+            "--mem",
+            "200G",
+            "-t",
+            "01:00:00",
+            "-A",
+            "research",
+            "-p",
+            "batch",
+            "--env",
+            "NCCL_DEBUG=WARN",
+            "--env",
+            "OMP_NUM_THREADS=4",
+            "--container-image",
+            "nvcr.io#nvidia/pytorch:24.01-py3",
+            "--container-mounts",
+            "$HOME/data:/data,/scratch:/scratch",
+            "--container-workdir",
+            "/workspace",
+            "train.py",
+            "configs/data.yml",
+            "configs/model.yml",
+            "--",
+            "--seed",
+            "1",
+        ]
+    )
     assert render(request.job) == (GOLDEN / "pyxis.sbatch").read_text()
 
 
-@pytest.mark.parametrize(("text", "ranks"), [("all", None), ("0,8", (0, 8)), ("0-2,7", (0, 1, 2, 7))])
+@pytest.mark.parametrize(
+    ("text", "ranks"), [("all", None), ("0,8", (0, 8)), ("0-2,7", (0, 1, 2, 7))]
+)
 def test_nsys_ranks(text, ranks):
     assert cli.parse_ranks(text) == ranks
 
@@ -110,7 +166,9 @@ def test_output_option_and_log_directory_created(workdir):
     code, _, _ = run_main(["-o", "jobs/a.sbatch", "--sbatch-output", "logs/%x-%j.out", "train.py"])
     assert code == 0
     assert (workdir / "jobs" / "a.sbatch").is_file()
-    assert (workdir / "logs").is_dir()  # sbatch would not create it, and the job would die without a log
+    assert (
+        workdir / "logs"
+    ).is_dir()  # sbatch would not create it, and the job would die without a log
 
 
 def test_print_only_prints(workdir):
@@ -124,7 +182,9 @@ def test_submit_runs_sbatch_and_prints_the_job_id(workdir):
     sbatch = workdir / "fake-sbatch"
     sbatch.write_text(FAKE_SBATCH)
     sbatch.chmod(0o755)
-    code, out, err = run_main(["--submit", "--sbatch-command", str(sbatch), "train.py", "model.yml"])
+    code, out, err = run_main(
+        ["--submit", "--sbatch-command", str(sbatch), "train.py", "model.yml"]
+    )
     assert (code, out) == (0, "4242\n"), err
     assert (workdir / "sbatch.calls").read_text() == "--parsable train.sbatch\n"
 
@@ -143,7 +203,9 @@ def test_submit_failure_is_one_line_exit_2(workdir, monkeypatch):
 
 
 def test_submit_without_sbatch_says_so(workdir):
-    code, _, err = run_main(["--submit", "--sbatch-command", str(workdir / "no-sbatch"), "train.py"])
+    code, _, err = run_main(
+        ["--submit", "--sbatch-command", str(workdir / "no-sbatch"), "train.py"]
+    )
     assert code == 2
     assert "no-sbatch not found: submit from a Slurm login node, or pass --sbatch-command" in err
 
@@ -152,12 +214,24 @@ def test_sweep_submits_every_script(workdir):
     sbatch = workdir / "fake-sbatch"
     sbatch.write_text(FAKE_SBATCH)
     sbatch.chmod(0o755)
-    code, out, _ = run_main(["--submit", "--sbatch-command", str(sbatch), "--set", "lr=[1,2,3]", "train.py", "model.yml"])
+    code, out, _ = run_main(
+        [
+            "--submit",
+            "--sbatch-command",
+            str(sbatch),
+            "--set",
+            "lr=[1,2,3]",
+            "train.py",
+            "model.yml",
+        ]
+    )
     assert (code, out) == (0, "4242\n4242\n4242\n")
     assert len((workdir / "sbatch.calls").read_text().splitlines()) == 3
 
 
 def test_unwritable_output_is_one_line(workdir):
-    code, _, err = run_main(["-o", "train.py/x.sbatch", "train.py"])  # a file where a directory must be
+    code, _, err = run_main(
+        ["-o", "train.py/x.sbatch", "train.py"]
+    )  # a file where a directory must be
     assert code == 2
     assert err.startswith("bootstrap: cannot write train.py/x.sbatch: ") and err.count("\n") == 1

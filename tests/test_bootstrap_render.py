@@ -25,11 +25,19 @@ GOLDEN_DIR = Path(__file__).resolve().parent / "golden"
 REGENERATE = "UPDATE_GOLDEN=1 python -m pytest tests/test_bootstrap_render.py -q"
 
 _SLURM = SlurmSpec(
-    job_name="train", nodes=2, gpus_per_node=8, cpus_per_task=32, mem="200G", time="01:00:00",
-    account="research", partition="batch",
+    job_name="train",
+    nodes=2,
+    gpus_per_node=8,
+    cpus_per_task=32,
+    mem="200G",
+    time="01:00:00",
+    account="research",
+    partition="batch",
 )
 _STEP = StepSpec(
-    script="train.py", configs=("configs/data.yml", "configs/model.yml"), script_args=("--seed", "1"),
+    script="train.py",
+    configs=("configs/data.yml", "configs/model.yml"),
+    script_args=("--seed", "1"),
     env=(("NCCL_DEBUG", "WARN"), ("OMP_NUM_THREADS", "4")),
 )
 
@@ -39,15 +47,19 @@ GOLDEN: dict[str, JobSpec] = {
         slurm=_SLURM,
         step=_STEP,
         container=ContainerSpec(
-            kind=ContainerKind.PYXIS, image="nvcr.io#nvidia/pytorch:24.01-py3",
-            mounts=("$HOME/data:/data", "/scratch:/scratch"), workdir="/workspace",
+            kind=ContainerKind.PYXIS,
+            image="nvcr.io#nvidia/pytorch:24.01-py3",
+            mounts=("$HOME/data:/data", "/scratch:/scratch"),
+            workdir="/workspace",
         ),
     ),
     "apptainer": JobSpec(
         slurm=_SLURM,
         step=_STEP,
         container=ContainerSpec(
-            kind=ContainerKind.APPTAINER, image="/images/pytorch.sif", mounts=("/data:/data",),
+            kind=ContainerKind.APPTAINER,
+            image="/images/pytorch.sif",
+            mounts=("/data:/data",),
             workdir="/workspace",
         ),
     ),
@@ -57,16 +69,34 @@ GOLDEN: dict[str, JobSpec] = {
         nsys=NsysSpec(enabled=True, ranks=(0, 8), trace=("cuda", "nvtx", "osrt")),
     ),
     "array": JobSpec(
-        slurm=SlurmSpec(job_name="sweep", nodes=1, gpus_per_node=4, time="2-00:00:00", array="0-3%2",
-                        signal="USR1@90", extra=("--exclusive",)),
-        step=StepSpec(script="train.py", configs=("model.yml",), wandb=True,
-                      env=(("WANDB_PROJECT", "evo"),)),
+        slurm=SlurmSpec(
+            job_name="sweep",
+            nodes=1,
+            gpus_per_node=4,
+            time="2-00:00:00",
+            array="0-3%2",
+            signal="USR1@90",
+            extra=("--exclusive",),
+        ),
+        step=StepSpec(
+            script="train.py", configs=("model.yml",), wandb=True, env=(("WANDB_PROJECT", "evo"),)
+        ),
     ),
     "srun-only": JobSpec(
-        slurm=SlurmSpec(job_name="train", nodes=4, gpus_per_node=8, cpus_per_task=12,
-                        output="logs/%x-%j.out", error="logs/%x-%j.err"),
-        step=StepSpec(script="train.py", configs=("data.yml", "model.yml"), mode=StepMode.SRUN_ONLY,
-                      agent_options=("--max-restarts", "1")),
+        slurm=SlurmSpec(
+            job_name="train",
+            nodes=4,
+            gpus_per_node=8,
+            cpus_per_task=12,
+            output="logs/%x-%j.out",
+            error="logs/%x-%j.err",
+        ),
+        step=StepSpec(
+            script="train.py",
+            configs=("data.yml", "model.yml"),
+            mode=StepMode.SRUN_ONLY,
+            agent_options=("--max-restarts", "1"),
+        ),
     ),
 }
 
@@ -79,11 +109,17 @@ def assert_golden(name: str, text: str) -> None:
         return
     expected = path.read_text(encoding="utf-8") if path.exists() else ""
     if text != expected:
-        diff = "".join(difflib.unified_diff(
-            expected.splitlines(keepends=True), text.splitlines(keepends=True),
-            fromfile=f"golden/{name}.sbatch", tofile="render()",
-        ))
-        pytest.fail(f"rendered {name} differs from {path}:\n{diff}\nIf the change is intended: {REGENERATE}")
+        diff = "".join(
+            difflib.unified_diff(
+                expected.splitlines(keepends=True),
+                text.splitlines(keepends=True),
+                fromfile=f"golden/{name}.sbatch",
+                tofile="render()",
+            )
+        )
+        pytest.fail(
+            f"rendered {name} differs from {path}:\n{diff}\nIf the change is intended: {REGENERATE}"
+        )
 
 
 @pytest.mark.parametrize("name", sorted(GOLDEN))
@@ -94,7 +130,9 @@ def test_render_matches_golden(name):
 @pytest.mark.skipif(shutil.which("bash") is None, reason="no bash")
 @pytest.mark.parametrize("name", sorted(GOLDEN))
 def test_golden_script_is_valid_bash(name):
-    done = subprocess.run(["bash", "-n", str(GOLDEN_DIR / f"{name}.sbatch")], capture_output=True, text=True)
+    done = subprocess.run(
+        ["bash", "-n", str(GOLDEN_DIR / f"{name}.sbatch")], capture_output=True, text=True
+    )
     assert done.returncode == 0, done.stderr
 
 
@@ -120,7 +158,7 @@ def test_secret_is_generated_in_the_job_and_exported():
 
 def test_wandb_key_is_required_at_run_time_but_never_written():
     text = render(GOLDEN["array"])
-    assert '${WANDB_API_KEY:?' in text
+    assert "${WANDB_API_KEY:?" in text
     assert "WANDB_API_KEY=" not in text
 
 
@@ -131,27 +169,33 @@ def test_cpu_only_job_has_no_gpu_request():
 
 def test_apptainer_without_gpus_drops_nv():
     job = JobSpec(
-        slurm=SlurmSpec(job_name="cpu", gpus_per_node=0), step=StepSpec(script="t.py"),
+        slurm=SlurmSpec(job_name="cpu", gpus_per_node=0),
+        step=StepSpec(script="t.py"),
         container=ContainerSpec(kind=ContainerKind.APPTAINER, image="img.sif"),
     )
     assert "apptainer exec img.sif" in render(job)
 
 
-@pytest.mark.parametrize(("text", "expected"), [
-    ("train.py", "train.py"),
-    ("--output=%x-%j.out", "--output=%x-%j.out"),
-    ("a b", '"a b"'),
-    ("$HOME/data:/data", '"$HOME/data:/data"'),
-    ('say "hi"', '"say \\"hi\\""'),
-    ("`id`", '"\\`id\\`"'),
-    ("", '""'),
-])
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("train.py", "train.py"),
+        ("--output=%x-%j.out", "--output=%x-%j.out"),
+        ("a b", '"a b"'),
+        ("$HOME/data:/data", '"$HOME/data:/data"'),
+        ('say "hi"', '"say \\"hi\\""'),
+        ("`id`", '"\\`id\\`"'),
+        ("", '""'),
+    ],
+)
 def test_word_quotes_only_what_needs_it(text, expected):
     assert word(text) == expected
 
 
 def test_nsys_prefix_quotes_arguments_with_spaces_for_the_agents_shlex():
-    prefix = nsys_prefix(NsysSpec(enabled=True, capture_range="none", extra_args=("--env-var", "A=b c")))
+    prefix = nsys_prefix(
+        NsysSpec(enabled=True, capture_range="none", extra_args=("--env-var", "A=b c"))
+    )
     assert prefix == (
         "nsys profile --trace=cuda,nvtx -o nsys-reports/${SLURM_JOB_ID}/nsys-rank{rank} "
         "--force-overwrite true --env-var 'A=b c'"

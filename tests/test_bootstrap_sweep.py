@@ -57,11 +57,15 @@ def workdir(tmp_path, monkeypatch):
 
 
 def test_three_by_two_sweep_writes_six_configs_and_six_scripts(workdir):
-    code, _, err = run_main(["--search-config", "search.yml", "-o", "sweep", "train.py", "data.yml", "model.yml"])
+    code, _, err = run_main(
+        ["--search-config", "search.yml", "-o", "sweep", "train.py", "data.yml", "model.yml"]
+    )
     assert code == 0, err
     sweep = workdir / "sweep"
     assert sorted(p.name for p in sweep.glob("*.yml")) == sorted(f"{n}.yml" for n in EXPECTED_NAMES)
-    assert sorted(p.name for p in sweep.glob("*.sbatch")) == sorted(f"{n}.sbatch" for n in EXPECTED_NAMES)
+    assert sorted(p.name for p in sweep.glob("*.sbatch")) == sorted(
+        f"{n}.sbatch" for n in EXPECTED_NAMES
+    )
     assert "wrote 6 configs and 6 scripts to sweep/" in err
 
 
@@ -86,8 +90,19 @@ def test_each_script_passes_its_config_in_the_templates_place(workdir):
 
 
 def test_set_overrides_the_search_config_before_expansion(workdir):
-    argv = ["--search-config", "search.yml", "--set", "optimizer.params.lr=[0.1]",
-            "--set", "optimizer.type=[adam,sgd]", "-o", "s", "train.py", "data.yml", "model.yml"]
+    argv = [
+        "--search-config",
+        "search.yml",
+        "--set",
+        "optimizer.params.lr=[0.1]",
+        "--set",
+        "optimizer.type=[adam,sgd]",
+        "-o",
+        "s",
+        "train.py",
+        "data.yml",
+        "model.yml",
+    ]
     assert run_main(argv)[0] == 0
     names = sorted(p.stem for p in (workdir / "s").glob("*.yml"))
     assert len(names) == 6  # 3 batch sizes x 2 optimizers; lr is fixed now, so not in the names
@@ -99,7 +114,10 @@ def test_set_overrides_the_search_config_before_expansion(workdir):
 def test_set_alone_is_a_sweep(workdir):
     assert run_main(["--set", "seed=[1,2]", "train.py", "model.yml"])[0] == 0
     assert sorted(p.name for p in (workdir / "train-sweep").iterdir()) == [
-        "config_0__seed=1.sbatch", "config_0__seed=1.yml", "config_1__seed=2.sbatch", "config_1__seed=2.yml",
+        "config_0__seed=1.sbatch",
+        "config_0__seed=1.yml",
+        "config_1__seed=2.sbatch",
+        "config_1__seed=2.yml",
     ]
 
 

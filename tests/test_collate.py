@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from agent.collate import Group, NodeOutput, collate, failures, render
+from agent.remote.collate import Group, NodeOutput, collate, failures, render
 
 
 def out(node: int, text: str, code: int | None = 0, **kw) -> NodeOutput:
@@ -30,7 +30,11 @@ def out(node: int, text: str, code: int | None = 0, **kw) -> NodeOutput:
             id="same output, other exit code",
         ),
         pytest.param(
-            [out(0, "", -9), out(1, "", 0, timed_out=True), out(2, "", None, missing="never joined")],
+            [
+                out(0, "", -9),
+                out(1, "", 0, timed_out=True),
+                out(2, "", None, missing="never joined"),
+            ],
             [
                 ("n1", "", "killed by SIGKILL", False),
                 ("n2", "", "timed out, killed", False),

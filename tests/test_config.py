@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.config import (
+from agent.errors import AgentError, ExitCode
+from agent.plan.config import (
     apply_overrides,
     load_merged,
     merge,
@@ -15,7 +16,6 @@ from agent.config import (
     read_config,
     split_launcher,
 )
-from agent.errors import AgentError, ExitCode
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from agent.config import load_merged
-from agent.derived import derive
 from agent.errors import AgentError, ExitCode
+from agent.plan.config import load_merged
+from agent.plan.derived import derive
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 LAUNCHER_TEST = CONFIGS / "launcher-test"

@@ -1,4 +1,4 @@
-"""Issue 4 end to end: signed broadcast refuses forgeries; bad input is one line, exit 2, nothing started."""
+"""End to end: the signed broadcast refuses forgeries; bad input is one line, exit 2, nothing started."""
 
 from __future__ import annotations
 
@@ -22,8 +22,14 @@ def _agent(tmp_path, args, env=None, nnodes=1, node=0, job="5151", timeout=60):
     if nnodes > 1 or node:
         full.update(slurm_env(job, nnodes, node))
     full.update(env or {})
-    return subprocess.run([sys.executable, "-m", "agent", *args], env=full, capture_output=True, text=True,
-                          timeout=timeout, cwd=tmp_path)
+    return subprocess.run(
+        [sys.executable, "-m", "agent", *args],
+        env=full,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=tmp_path,
+    )
 
 
 def _write(tmp_path, name, text):
@@ -46,40 +52,144 @@ def _bad_inputs(tmp_path):
     secret = secret_home / ".config" / "launch-agent" / "secret"
     secret.write_text("a" * 64)
     secret.chmod(0o644)
-    _write(tmp_path, "badparser.py",
-           "def boom(paths, overrides, shape):\n    raise ValueError('parser exploded')\n"
-           "def wrong(paths, overrides, shape):\n    return {'config': {}}\n")
+    _write(
+        tmp_path,
+        "badparser.py",
+        "def boom(paths, overrides, shape):\n    raise ValueError('parser exploded')\n"
+        "def wrong(paths, overrides, shape):\n    return {'config': {}}\n",
+    )
     return [
         ("missing script", ["nope.py"], {}, "script 'nope.py' not found"),
         ("script is a directory", [str(tmp_path)], {}, "is a directory"),
         ("missing config", [*rank, str(tmp_path / "absent.yml")], {}, "absent.yml"),
         ("config is a directory", [*rank, _dir(tmp_path, "cfgdir.yml")], {}, "cfgdir.yml"),
         ("invalid YAML", [*rank, _write(tmp_path, "bad.yml", "a: 1\nb: [1, 2\n")], {}, "bad.yml:"),
-        ("top level not a mapping", [*rank, _write(tmp_path, "list.yml", "- 1\n- 2\n")], {}, "list.yml"),
+        (
+            "top level not a mapping",
+            [*rank, _write(tmp_path, "list.yml", "- 1\n- 2\n")],
+            {},
+            "list.yml",
+        ),
         ("empty config", [*rank, _write(tmp_path, "empty.yml", "# nothing\n")], {}, "empty.yml"),
-        ("duplicate keys", [*rank, _write(tmp_path, "dup.yml", "a: 1\nb: 2\na: 3\n")], {}, "dup.yml"),
+        (
+            "duplicate keys",
+            [*rank, _write(tmp_path, "dup.yml", "a: 1\nb: 2\na: 3\n")],
+            {},
+            "dup.yml",
+        ),
         ("--set without =", ["--set", "lr", *rank, MODEL], {}, "'lr'"),
         ("--set through a scalar", ["--set", "num_layers.x=1", *rank, MODEL], {}, "num_layers"),
-        ("unknown launcher key", [*rank, _write(tmp_path, "l1.yml", "launcher:\n  gracee: 1\n")], {}, "valid keys"),
-        ("launcher key of the wrong type", [*rank, _write(tmp_path, "l2.yml", "launcher:\n  nproc_per_node: two\n")], {}, "nproc_per_node"),
+        (
+            "unknown launcher key",
+            [*rank, _write(tmp_path, "l1.yml", "launcher:\n  gracee: 1\n")],
+            {},
+            "valid keys",
+        ),
+        (
+            "launcher key of the wrong type",
+            [*rank, _write(tmp_path, "l2.yml", "launcher:\n  nproc_per_node: two\n")],
+            {},
+            "nproc_per_node",
+        ),
         ("nproc 0", ["--nproc-per-node", "0", *rank], {}, "--nproc-per-node 0"),
         ("nproc negative", ["--nproc-per-node", "-2", *rank], {}, "--nproc-per-node -2"),
         ("master port out of range", ["--master-port", "70000", *rank], {}, "70000"),
-        ("master port in use", ["--master-port", tmp_path.joinpath("busy-port").read_text(), *rank], {}, "in use"),
-        ("malformed nodelist", rank, {**slurm_env("1", 2, 0), "SLURM_STEP_NODELIST": "n[1-"}, "SLURM_STEP_NODELIST"),
-        ("node id out of range", rank, {**slurm_env("1", 2, 0), "SLURM_NODEID": "2"}, "SLURM_NODEID"),
-        ("SLURM_NNODES disagrees with the nodelist", rank, {**slurm_env("1", 2, 0), "SLURM_NNODES": "3", "SLURM_STEP_TASKS_PER_NODE": "1(x3)", "SLURM_NTASKS": "3"}, "SLURM_NNODES"),
-        ("more ranks than GPUs", ["--nproc-per-node", "2", *rank], {"CUDA_VISIBLE_DEVICES": "0"}, "only 1 GPU"),
-        ("log dir under a file", ["--log-dir", str(tmp_path / "badparser.py" / "logs"), *rank], {}, "not a directory"),
-        ("derived-value conflict", ["--nproc-per-node", "2", *rank, _write(tmp_path, "mp.yml", "model_parallel_size: 3\n")], {}, "3"),
-        ("train_batch_size disagrees", ["--nproc-per-node", "2", *rank, MODEL, _write(tmp_path, "tbs.yml", "train_batch_size: 5\n")], {}, "train_batch_size"),
-        ("secret file readable by others", rank, {"AGENT_SECRET": "", "HOME": str(secret_home)}, "chmod 600"),
-        ("config parser raises", ["--config-parser", "badparser:boom", *rank], {"PYTHONPATH": f"{tmp_path}:{REPO}"}, "parser exploded"),
-        ("config parser returns the wrong type", ["--config-parser", "badparser:wrong", *rank], {"PYTHONPATH": f"{tmp_path}:{REPO}"}, "dict"),
-        ("unknown config parser", ["--config-parser", "nosuchmodule:fn", *rank], {}, "nosuchmodule"),
+        (
+            "master port in use",
+            ["--master-port", tmp_path.joinpath("busy-port").read_text(), *rank],
+            {},
+            "in use",
+        ),
+        (
+            "malformed nodelist",
+            rank,
+            {**slurm_env("1", 2, 0), "SLURM_STEP_NODELIST": "n[1-"},
+            "SLURM_STEP_NODELIST",
+        ),
+        (
+            "node id out of range",
+            rank,
+            {**slurm_env("1", 2, 0), "SLURM_NODEID": "2"},
+            "SLURM_NODEID",
+        ),
+        (
+            "SLURM_NNODES disagrees with the nodelist",
+            rank,
+            {
+                **slurm_env("1", 2, 0),
+                "SLURM_NNODES": "3",
+                "SLURM_STEP_TASKS_PER_NODE": "1(x3)",
+                "SLURM_NTASKS": "3",
+            },
+            "SLURM_NNODES",
+        ),
+        (
+            "more ranks than GPUs",
+            ["--nproc-per-node", "2", *rank],
+            {"CUDA_VISIBLE_DEVICES": "0"},
+            "only 1 GPU",
+        ),
+        (
+            "log dir under a file",
+            ["--log-dir", str(tmp_path / "badparser.py" / "logs"), *rank],
+            {},
+            "not a directory",
+        ),
+        (
+            "derived-value conflict",
+            [
+                "--nproc-per-node",
+                "2",
+                *rank,
+                _write(tmp_path, "mp.yml", "model_parallel_size: 3\n"),
+            ],
+            {},
+            "3",
+        ),
+        (
+            "train_batch_size disagrees",
+            [
+                "--nproc-per-node",
+                "2",
+                *rank,
+                MODEL,
+                _write(tmp_path, "tbs.yml", "train_batch_size: 5\n"),
+            ],
+            {},
+            "train_batch_size",
+        ),
+        (
+            "secret file readable by others",
+            rank,
+            {"AGENT_SECRET": "", "HOME": str(secret_home)},
+            "chmod 600",
+        ),
+        (
+            "config parser raises",
+            ["--config-parser", "badparser:boom", *rank],
+            {"PYTHONPATH": f"{tmp_path}:{REPO}"},
+            "parser exploded",
+        ),
+        (
+            "config parser returns the wrong type",
+            ["--config-parser", "badparser:wrong", *rank],
+            {"PYTHONPATH": f"{tmp_path}:{REPO}"},
+            "dict",
+        ),
+        (
+            "unknown config parser",
+            ["--config-parser", "nosuchmodule:fn", *rank],
+            {},
+            "nosuchmodule",
+        ),
         ("unknown option", ["--nproc-per-nod", "2", *rank], {}, "--nproc-per-nod"),
         ("bad console rank list", ["--console-ranks", "1-x", *rank], {}, "1-x"),
-        ("both --module and --no-python", ["--module", "--no-python", "json.tool"], {}, "exclude each other"),
+        (
+            "both --module and --no-python",
+            ["--module", "--no-python", "json.tool"],
+            {},
+            "exclude each other",
+        ),
     ]
 
 
@@ -93,7 +203,11 @@ def test_every_bad_input_is_one_line_exit_2_and_starts_nothing(tmp_path):
     cases = _bad_inputs(tmp_path)
     assert len(cases) >= 20
     for name, args, env, expected in cases:
-        proc = _agent(tmp_path, ["--log-dir", str(tmp_path / "logs"), *args] if "--log-dir" not in args else args, env)
+        proc = _agent(
+            tmp_path,
+            ["--log-dir", str(tmp_path / "logs"), *args] if "--log-dir" not in args else args,
+            env,
+        )
         lines = proc.stderr.strip().splitlines()
         assert proc.returncode == 2, f"{name}: exit {proc.returncode}\n{proc.stderr}"
         assert len(lines) == 1 and lines[0].startswith("agent: error: "), f"{name}: {proc.stderr!r}"
@@ -110,7 +224,7 @@ def _store_client(port: int):
 
 @pytest.mark.parametrize("forgery", ["unsigned", "wrong key", "one byte changed"])
 def test_forged_payload_is_refused_and_no_rank_starts(cluster_factory, tmp_path, forgery):
-    from agent.signing import seal
+    from agent.node.signing import seal
     from agent.world import derive_port
 
     cluster = cluster_factory(2)
@@ -119,7 +233,7 @@ def test_forged_payload_is_refused_and_no_rank_starts(cluster_factory, tmp_path,
     args = ["--nproc-per-node", "1", FIXTURE, "--ready-to", str(ready), MODEL]
     cluster.start(args, nodes=[0])
     store = wait_for(lambda: _try_client(derive_port(cluster.job, "0")), 60, "node 0's store")
-    key = f"la/{cluster.job}/0/payload"
+    key = f"la/{cluster.job}/0/r0/plan"
     wait_for(lambda: store.check([key]), 60, "node 0 to publish the payload")
     genuine = bytes(store.get(key))
     if forgery == "unsigned":
@@ -151,26 +265,49 @@ def _try_client(port):
 def _dry_run_config(tmp_path, nnodes, gpus, configs, extra=()):
     env = slurm_env("9", nnodes, 0, gpus=gpus)
     env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(gpus))
-    proc = _agent(tmp_path, ["--dry-run", "--nproc-per-node", "gpu", *extra, FIXTURE, *configs], env)
+    proc = _agent(
+        tmp_path, ["--dry-run", "--nproc-per-node", "gpu", *extra, FIXTURE, *configs], env
+    )
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout.split("config:\n", 1)[1])
 
 
 def test_seed_derived_values(tmp_path):
-    small = _dry_run_config(tmp_path, 2, 1, [str(SEED / "data_configs" / "synthetic.yml"),
-                                             str(SEED / "model_configs" / "regression_test.yml")])
+    small = _dry_run_config(
+        tmp_path,
+        2,
+        1,
+        [
+            str(SEED / "data_configs" / "synthetic.yml"),
+            str(SEED / "model_configs" / "regression_test.yml"),
+        ],
+    )
     assert small["train_batch_size"] == 4
-    big = _dry_run_config(tmp_path, 4, 8, [str(SEED / "data_configs" / "synthetic.yml"),
-                                           str(SEED / "model_configs" / "40b_test_config.yml")])
+    big = _dry_run_config(
+        tmp_path,
+        4,
+        8,
+        [
+            str(SEED / "data_configs" / "synthetic.yml"),
+            str(SEED / "model_configs" / "40b_test_config.yml"),
+        ],
+    )
     assert big["train_batch_size"] == 32 and big["data_parallel_size"] == 16
 
 
 def test_savanna_style_train_py_runs_unchanged(cluster_factory):
     script = str(REPO / "scripts" / "examples" / "savanna_train.py")
-    cluster = cluster_factory(2).start([
-        "--nproc-per-node", "1", "--config-parser", "savanna", script,
-        str(SEED / "data_configs" / "synthetic.yml"), str(SEED / "model_configs" / "regression_test.yml"),
-    ])
+    cluster = cluster_factory(2).start(
+        [
+            "--nproc-per-node",
+            "1",
+            "--config-parser",
+            "savanna",
+            script,
+            str(SEED / "data_configs" / "synthetic.yml"),
+            str(SEED / "model_configs" / "regression_test.yml"),
+        ]
+    )
     assert cluster.wait(120) == [0, 0], cluster.dump()
     for rank in range(2):
         line = cluster.rank_file(rank).read_text()

@@ -1,4 +1,4 @@
-"""Issue 2 end to end: real agents, real ranks, real TCPStore and gloo on loopback."""
+"""End to end: real agents, real ranks, real TCPStore and gloo on loopback."""
 
 from __future__ import annotations
 
@@ -17,7 +17,9 @@ def _check_reports(cluster, world: int) -> list[dict]:
     for rank in range(world):
         text = cluster.rank_file(rank).read_text()
         match = re.search(r"check_args: OK (\{.*\})", text)
-        assert match, f"rank {rank} printed no OK line:\n{text}\n{cluster.rank_file(rank, 'err').read_text()}"
+        assert match, (
+            f"rank {rank} printed no OK line:\n{text}\n{cluster.rank_file(rank, 'err').read_text()}"
+        )
         reports.append(json.loads(match.group(1)))
     return reports
 
@@ -46,11 +48,19 @@ def test_srun_only_mode_ranks_are_procids(cluster_factory, tmp_path):
 
     def per_task(task: int) -> dict[str, str]:
         env = slurm_env(cluster.job, 4, task // 2, cluster.step)
-        env.update({"SLURM_PROCID": str(task), "SLURM_LOCALID": str(task % 2), "SLURM_NTASKS": "8",
-                    "SLURM_STEP_TASKS_PER_NODE": "2(x4)"})
+        env.update(
+            {
+                "SLURM_PROCID": str(task),
+                "SLURM_LOCALID": str(task % 2),
+                "SLURM_NTASKS": "8",
+                "SLURM_STEP_TASKS_PER_NODE": "2(x4)",
+            }
+        )
         return env
 
-    cluster.start(["--world", "slurm-task", FIXTURE, "--env-out", str(tmp_path)], per_node_env=per_task)
+    cluster.start(
+        ["--world", "slurm-task", FIXTURE, "--env-out", str(tmp_path)], per_node_env=per_task
+    )
     assert cluster.wait(240) == [0] * 8, cluster.dump()
     for task in range(8):
         env = json.loads((tmp_path / f"env-{task}.json").read_text())["env"]
@@ -89,13 +99,17 @@ def test_rank_files_hold_exact_bytes_and_console_is_prefixed(cluster_factory, tm
     for agent in cluster.agents:
         host = f"127.0.0.{agent.node + 1}"
         for line in agent.stdout().splitlines():
-            assert re.match(rf"{re.escape(host)}:\d+: ", line), f"unprefixed console line: {line[:80]!r}"
+            assert re.match(rf"{re.escape(host)}:\d+: ", line), (
+                f"unprefixed console line: {line[:80]!r}"
+            )
         assert f"{host}:{agent.node * 2}: line one {agent.node * 2}" in agent.stdout()
         assert f"{host}:{agent.node * 2 + 1}: err {agent.node * 2 + 1}" in agent.stderr()
 
 
 def test_console_rank_filter_keeps_files_complete(cluster_factory):
-    cluster = cluster_factory(1).start(["--nproc-per-node", "2", "--console-ranks", "1", FIXTURE, "--stdout", "hi"])
+    cluster = cluster_factory(1).start(
+        ["--nproc-per-node", "2", "--console-ranks", "1", FIXTURE, "--stdout", "hi"]
+    )
     assert cluster.wait(60) == [0], cluster.dump()
     out = cluster.agents[0].stdout()
     assert "127.0.0.1:1: hi" in out and "127.0.0.1:0:" not in out
@@ -104,7 +118,18 @@ def test_console_rank_filter_keeps_files_complete(cluster_factory):
 
 def test_failing_rank_is_named_in_summary(cluster_factory):
     cluster = cluster_factory(2).start(
-        ["--nproc-per-node", "2", FIXTURE, "--exit", "3", "--on", "2", "--stderr", "about to fail", "--others-wait"]
+        [
+            "--nproc-per-node",
+            "2",
+            FIXTURE,
+            "--exit",
+            "3",
+            "--on",
+            "2",
+            "--stderr",
+            "about to fail",
+            "--others-wait",
+        ]
     )
     codes = cluster.wait(120)
     assert all(code != 0 for code in codes), cluster.dump()
@@ -119,11 +144,17 @@ def test_dry_run_starts_nothing_and_lists_every_rank(tmp_path):
     marker_before = len(job_processes("4242.0"))
     proc = subprocess.run(
         [sys.executable, "-m", "agent", "--dry-run", "--nproc-per-node", "2", FIXTURE, *CONFIGS],
-        env=env, capture_output=True, text=True, timeout=60, cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
     )
     assert proc.returncode == 0, proc.stderr
     ranks = re.findall(r"^rank (\d+)  node (\d+) \((\S+)\)", proc.stdout, re.M)
-    assert [(int(r), int(n), h) for r, n, h in ranks] == [(r, r // 2, f"127.0.0.{r // 2 + 1}") for r in range(8)]
+    assert [(int(r), int(n), h) for r, n, h in ranks] == [
+        (r, r // 2, f"127.0.0.{r // 2 + 1}") for r in range(8)
+    ]
     assert "RANK=5" in proc.stdout and "WORLD_SIZE=8" in proc.stdout
     assert len(job_processes("4242.0")) == marker_before == 0
     assert not (tmp_path / "logs").exists()
@@ -137,7 +168,9 @@ def test_help_does_not_import_torch():
         "except SystemExit:\n    pass\n"
         "print('TORCH' if 'torch' in sys.modules else 'CLEAN', file=sys.stderr)\n"
     )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO)
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO
+    )
     assert "usage: python -m agent" in proc.stdout
     assert proc.stderr.strip().endswith("CLEAN")
 
@@ -150,8 +183,11 @@ def test_two_steps_of_one_job_run_side_by_side(cluster_factory, tmp_path):
         cluster.start(["--nproc-per-node", "1", FIXTURE, "--until-file", str(flag)])
     from cluster import wait_for
 
-    wait_for(lambda: len(job_processes(first.marker)) >= 2 and len(job_processes(second.marker)) >= 2,
-             90, "ranks of both steps to run")
+    wait_for(
+        lambda: len(job_processes(first.marker)) >= 2 and len(job_processes(second.marker)) >= 2,
+        90,
+        "ranks of both steps to run",
+    )
     flag.touch()
     assert first.wait(60) == [0, 0], first.dump()
     assert second.wait(60) == [0, 0], second.dump()
@@ -168,9 +204,18 @@ def test_contradictory_scheduler_env_is_one_line_exit_2(tmp_path):
         env = base_env(tmp_path)
         env.update(slurm_env("77", 4, 1))
         env.update(change)
-        proc = subprocess.run([sys.executable, "-m", "agent", FIXTURE], env=env, capture_output=True,
-                              text=True, timeout=60, cwd=tmp_path)
+        proc = subprocess.run(
+            [sys.executable, "-m", "agent", FIXTURE],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=tmp_path,
+        )
         assert proc.returncode == 2, (variable, proc.stderr)
         lines = proc.stderr.strip().splitlines()
-        assert len(lines) == 1 and variable in lines[0] and "Traceback" not in proc.stderr, (variable, proc.stderr)
+        assert len(lines) == 1 and variable in lines[0] and "Traceback" not in proc.stderr, (
+            variable,
+            proc.stderr,
+        )
         assert not (tmp_path / "logs").exists()

@@ -28,11 +28,21 @@ class Pods(Cluster):
     def start_agent(self, env: dict[str, str], args: list[str]) -> Pods:
         index = len(self.agents)
         full = {**base_env(self.tmp), **env}
-        out, err = self.tmp / f"agent-{self.job}-{index}.out", self.tmp / f"agent-{self.job}-{index}.err"
+        out, err = (
+            self.tmp / f"agent-{self.job}-{index}.out",
+            self.tmp / f"agent-{self.job}-{index}.err",
+        )
         argv = [sys.executable, "-m", "agent", "--log-dir", str(self.log_dir), *args]
         with open(out, "wb") as o, open(err, "wb") as e:
-            proc = subprocess.Popen(argv, env=full, stdout=o, stderr=e, stdin=subprocess.DEVNULL,
-                                    cwd=self.tmp, start_new_session=True)
+            proc = subprocess.Popen(
+                argv,
+                env=full,
+                stdout=o,
+                stderr=e,
+                stdin=subprocess.DEVNULL,
+                cwd=self.tmp,
+                start_new_session=True,
+            )
         self.agents.append(Agent(index, proc, out, err))
         return self
 
@@ -96,7 +106,12 @@ def test_runai_pods_expand_pod_world_into_rank_world(pods, tmp_path: Path) -> No
     port = free_port()  # the pod-level MASTER_PORT: where node 0's agent hosts its store
     group = pods(2)
     for pod in range(2):
-        env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": "2", "RANK": str(pod)}
+        env = {
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "WORLD_SIZE": "2",
+            "RANK": str(pod),
+        }
         group.start_agent(env, ["--nproc-per-node", "3", FIXTURE, "--env-out", str(tmp_path)])
     assert group.wait(120) == [0, 0], group.dump()
     envs = rank_envs(tmp_path, 6)
@@ -110,9 +125,12 @@ def test_runai_pods_expand_pod_world_into_rank_world(pods, tmp_path: Path) -> No
 
 def _mpi_env(size: int, rank: int, local_size: int, port: int) -> dict[str, str]:
     return {
-        "OMPI_COMM_WORLD_SIZE": str(size), "OMPI_COMM_WORLD_RANK": str(rank),
-        "OMPI_COMM_WORLD_LOCAL_RANK": str(rank % local_size), "OMPI_COMM_WORLD_LOCAL_SIZE": str(local_size),
-        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+        "OMPI_COMM_WORLD_SIZE": str(size),
+        "OMPI_COMM_WORLD_RANK": str(rank),
+        "OMPI_COMM_WORLD_LOCAL_RANK": str(rank % local_size),
+        "OMPI_COMM_WORLD_LOCAL_SIZE": str(local_size),
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
     }
 
 
@@ -124,14 +142,17 @@ def _mpi_env(size: int, rank: int, local_size: int, port: int) -> dict[str, str]
     ],
     ids=["per-node", "per-rank"],
 )
-def test_openmpi_worlds(pods, tmp_path: Path, world_flag: str, agents: int, local_size: int,
-                        nproc: list[str]) -> None:
+def test_openmpi_worlds(
+    pods, tmp_path: Path, world_flag: str, agents: int, local_size: int, nproc: list[str]
+) -> None:
     """2 nodes x 2 ranks either way: RANK, LOCAL_RANK and GROUP_RANK follow OMPI_COMM_WORLD_*."""
     port = free_port()
     group = pods(agents)
     for rank in range(agents):
-        group.start_agent(_mpi_env(agents, rank, local_size, port),
-                          ["--world", world_flag, *nproc, FIXTURE, "--env-out", str(tmp_path)])
+        group.start_agent(
+            _mpi_env(agents, rank, local_size, port),
+            ["--world", world_flag, *nproc, FIXTURE, "--env-out", str(tmp_path)],
+        )
     assert group.wait(120) == [0] * agents, group.dump()
     envs = rank_envs(tmp_path, 4)
     assert_world(envs, world=4, local_world=2)

@@ -52,31 +52,51 @@ def test_pi_slices_cover_the_interval_once() -> None:
 
 def test_ddp_hyperparameters_come_from_the_config() -> None:
     ddp = load_example("ddp_train")
-    config = {"train_micro_batch_size_per_gpu": 2, "hidden_size": 64,
-              "optimizer": {"type": "Adam", "params": {"lr": 0.001, "betas": [0.9, 0.95]}}}
+    config = {
+        "train_micro_batch_size_per_gpu": 2,
+        "hidden_size": 64,
+        "optimizer": {"type": "Adam", "params": {"lr": 0.001, "betas": [0.9, 0.95]}},
+    }
     hyper = ddp.hyper_from_config(config)
-    assert (hyper.micro_batch, hyper.lr, hyper.optimizer, hyper.betas, hyper.hidden) == (2, 0.001, "adam", (0.9, 0.95), 64)
+    assert (hyper.micro_batch, hyper.lr, hyper.optimizer, hyper.betas, hyper.hidden) == (
+        2,
+        0.001,
+        "adam",
+        (0.9, 0.95),
+        64,
+    )
     assert ddp.hyper_from_config({}) == ddp.Hyper()
     args = ddp.parse_args(["--lr", "0.5", "--epochs", "1", "--out", "x"])
-    assert ddp.hyper_from_args(args, hyper).lr == 0.5 and ddp.hyper_from_args(args, hyper).micro_batch == 2
+    assert (
+        ddp.hyper_from_args(args, hyper).lr == 0.5
+        and ddp.hyper_from_args(args, hyper).micro_batch == 2
+    )
 
 
 # --- through the agent --------------------------------------------------------------------
 
 
 def test_deepspeed_style_script_runs_unchanged_with_deepspeed_flag(cluster_factory) -> None:
-    cluster = cluster_factory(1).start(["--nproc-per-node", "2", "--deepspeed", example("deepspeed_style"), "--tag", "x"])
+    cluster = cluster_factory(1).start(
+        ["--nproc-per-node", "2", "--deepspeed", example("deepspeed_style"), "--tag", "x"]
+    )
     assert cluster.wait(120) == [0], cluster.dump()
     for rank, text in enumerate(rank_outputs(cluster, 2)):
         match = re.search(r"deepspeed_style: OK (\{.*\})", text)
         assert match, text
         report = json.loads(match.group(1))
         assert report["local_rank"] == report["rank"] == rank
-        assert report["argv"] == [f"--local_rank={rank}", "--tag", "x"]  # first, as DeepSpeed passes it
+        assert report["argv"] == [
+            f"--local_rank={rank}",
+            "--tag",
+            "x",
+        ]  # first, as DeepSpeed passes it
 
 
 def test_deepspeed_style_script_fails_without_deepspeed_flag(cluster_factory) -> None:
-    cluster = cluster_factory(1).start(["--nproc-per-node", "2", example("deepspeed_style"), "--tag", "x"])
+    cluster = cluster_factory(1).start(
+        ["--nproc-per-node", "2", example("deepspeed_style"), "--tag", "x"]
+    )
     assert cluster.wait(120) == [1], cluster.dump()
     summary = cluster.summary()
     assert summary["status"] == "failed" and summary["exit_code"] == 1
@@ -116,7 +136,9 @@ def test_allreduce_bench_busbw_table(cluster_factory, tmp_path: Path) -> None:
 def test_ddp_train_saves_one_checkpoint(cluster_factory, tmp_path: Path) -> None:
     ckpt = tmp_path / "ckpt"
     script = ["--", "--epochs", "2", "--samples", "64", "--out", str(ckpt)]
-    cluster = cluster_factory(1).start(["--nproc-per-node", "2", example("ddp_train"), *CONFIGS, *script])
+    cluster = cluster_factory(1).start(
+        ["--nproc-per-node", "2", example("ddp_train"), *CONFIGS, *script]
+    )
     assert cluster.wait(180) == [0], cluster.dump()
     outputs = rank_outputs(cluster, 2)
     assert "'micro_batch': 2, 'lr': 0.001" in outputs[0]  # from configs/model.yml

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from agent import exec as remote
-from agent.collate import NodeOutput
+from agent import remote
 from agent.errors import AgentError
+from agent.remote.collate import NodeOutput
 from agent.world import PORT_HIGH, PORT_LOW, World, WorldFlags, derive_port
 
 REPO = Path(__file__).resolve().parents[1]
@@ -28,7 +28,11 @@ _JOBS = itertools.count()
     ("argv", "command", "timeout"),
     [
         (["--", "nvidia-smi", "-L"], ("nvidia-smi", "-L"), None),
-        (["--timeout", "5", "--", "sh", "-c", "echo --timeout"], ("sh", "-c", "echo --timeout"), 5.0),
+        (
+            ["--timeout", "5", "--", "sh", "-c", "echo --timeout"],
+            ("sh", "-c", "echo --timeout"),
+            5.0,
+        ),
         (["hostname", "--fqdn"], ("hostname", "--fqdn"), None),
         (["--", "--weird-program"], ("--weird-program",), None),
     ],
@@ -39,14 +43,32 @@ def test_parse_command(argv, command, timeout) -> None:
 
 
 def test_parse_world_flags() -> None:
-    parsed = remote.parse(["--nnodes", "2", "--node-rank", "1", "--master-addr", "h0", "--master-port", "4242", "--", "true"])
+    parsed = remote.parse(
+        [
+            "--nnodes",
+            "2",
+            "--node-rank",
+            "1",
+            "--master-addr",
+            "h0",
+            "--master-port",
+            "4242",
+            "--",
+            "true",
+        ]
+    )
     assert parsed.flags == WorldFlags("auto", 2, 1, "h0", 4242)
 
 
 @pytest.mark.parametrize(
     ("argv", "needle"),
-    [([], "needs a command"), (["--"], "needs a command"), (["--timeout", "0", "--", "true"], "--timeout"),
-     (["--bogus", "--", "true"], "--bogus"), (["--nnodes", "x", "--", "true"], "--nnodes")],
+    [
+        ([], "needs a command"),
+        (["--"], "needs a command"),
+        (["--timeout", "0", "--", "true"], "--timeout"),
+        (["--bogus", "--", "true"], "--bogus"),
+        (["--nnodes", "x", "--", "true"], "--nnodes"),
+    ],
 )
 def test_parse_refuses(argv, needle) -> None:
     with pytest.raises(AgentError) as err:
@@ -84,7 +106,11 @@ def test_exit_status(result, status) -> None:
 
 
 def test_verdict() -> None:
-    ok, bad, gone = NodeOutput(0, "a", "", 0), NodeOutput(1, "b", "", 2), NodeOutput(2, "c", "", None)
+    ok, bad, gone = (
+        NodeOutput(0, "a", "", 0),
+        NodeOutput(1, "b", "", 2),
+        NodeOutput(2, "c", "", None),
+    )
     assert [remote.verdict(r) for r in ([ok], [ok, bad], [ok, bad, gone])] == [0, 1, 3]
 
 
@@ -92,7 +118,9 @@ def test_verdict() -> None:
 
 
 def test_single_node_runs_and_collates(capsys) -> None:
-    code = remote.main(["--world", "local", "--", "sh", "-c", "echo out; echo err >&2"], _clean_env())
+    code = remote.main(
+        ["--world", "local", "--", "sh", "-c", "echo out; echo err >&2"], _clean_env()
+    )
     captured = capsys.readouterr()
     assert code == 0
     assert "(exit 0)\n----------------\nout\nerr\n" in captured.out
@@ -100,7 +128,10 @@ def test_single_node_runs_and_collates(capsys) -> None:
 
 def test_single_node_timeout_kills_the_command_group(capsys) -> None:
     start = time.monotonic()
-    code = remote.main(["--world", "local", "--timeout", "0.5", "--", "sh", "-c", "echo started; sleep 30 & wait"], _clean_env())
+    code = remote.main(
+        ["--world", "local", "--timeout", "0.5", "--", "sh", "-c", "echo started; sleep 30 & wait"],
+        _clean_env(),
+    )
     captured = capsys.readouterr()
     assert time.monotonic() - start < 10
     assert code == 1
@@ -137,15 +168,23 @@ def _fake_node(job: str, nnodes: int, node: int) -> dict[str, str]:
     }
 
 
-def _run_nodes(nnodes: int, started: int, per_node: dict[int, dict[str, str]], argv: list[str]) -> list[subprocess.CompletedProcess]:
+def _run_nodes(
+    nnodes: int, started: int, per_node: dict[int, dict[str, str]], argv: list[str]
+) -> list[subprocess.CompletedProcess]:
     job = f"{os.getpid()}{next(_JOBS)}{time.time_ns() % 100000}"
     procs = []
     for node in range(started):
         env = {**_clean_env(), **_fake_node(job, nnodes, node), **per_node.get(node, {})}
-        procs.append(subprocess.Popen(
-            [sys.executable, "-m", "agent", "exec", *argv], env=env, cwd=REPO,
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        ))
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "agent", "exec", *argv],
+                env=env,
+                cwd=REPO,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
     results = []
     for proc in procs:
         out, err = proc.communicate(timeout=120)
@@ -188,10 +227,27 @@ def test_a_node_that_never_joins_is_named() -> None:
 
 def test_interrupted_node_0_reports_what_it_has_and_kills_its_command(tmp_path) -> None:
     mark = tmp_path / "pid"
-    env = {**_clean_env(), **_fake_node(f"{os.getpid()}{next(_JOBS)}{time.time_ns() % 100000}", 2, 0), "MARK": str(mark)}
+    env = {
+        **_clean_env(),
+        **_fake_node(f"{os.getpid()}{next(_JOBS)}{time.time_ns() % 100000}", 2, 0),
+        "MARK": str(mark),
+    }
     lead = subprocess.Popen(
-        [sys.executable, "-m", "agent", "exec", "--", "sh", "-c", 'echo started; echo $$ > "$MARK.tmp"; mv "$MARK.tmp" "$MARK"; exec sleep 100'],
-        env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-m",
+            "agent",
+            "exec",
+            "--",
+            "sh",
+            "-c",
+            'echo started; echo $$ > "$MARK.tmp"; mv "$MARK.tmp" "$MARK"; exec sleep 100',
+        ],
+        env=env,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     deadline = time.monotonic() + 60
     while not mark.exists():  # the command runs once the store is up; nothing to read before

@@ -1,4 +1,4 @@
-"""Issue 8: the live per-rank view on a terminal; plain, escape-free lines when redirected."""
+"""The live per-rank view on a terminal; plain, escape-free lines when redirected."""
 
 from __future__ import annotations
 
@@ -18,7 +18,9 @@ ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
 def _run_in_pty(argv, env, cwd, timeout=90) -> tuple[int, str]:
     master, slave = pty.openpty()
-    proc = subprocess.Popen(argv, stdin=slave, stdout=slave, stderr=slave, env=env, cwd=cwd, close_fds=True)
+    proc = subprocess.Popen(
+        argv, stdin=slave, stdout=slave, stderr=slave, env=env, cwd=cwd, close_fds=True
+    )
     os.close(slave)
     chunks = []
     deadline = time.monotonic() + timeout
@@ -42,7 +44,9 @@ def test_live_view_renders_every_rank_and_the_log_lines(tmp_path):
     (tmp_path / "spin.py").write_text(SPIN)
     env = base_env(tmp_path)
     env.update({"COLUMNS": "120", "LINES": "40", "TERM": "xterm-256color"})
-    code, screen = _run_in_pty([sys.executable, "-m", "agent", "--nproc-per-node", "2", "spin.py"], env, tmp_path)
+    code, screen = _run_in_pty(
+        [sys.executable, "-m", "agent", "--nproc-per-node", "2", "spin.py"], env, tmp_path
+    )
     assert code == 0, screen
     plain = ANSI.sub("", screen)
     assert "\x1b[" in screen  # it really drew on the terminal
@@ -54,8 +58,13 @@ def test_live_view_renders_every_rank_and_the_log_lines(tmp_path):
 
 def test_redirected_output_has_no_escape_codes(tmp_path):
     (tmp_path / "spin.py").write_text(SPIN)
-    proc = subprocess.run([sys.executable, "-m", "agent", "--nproc-per-node", "2", "spin.py"], env=base_env(tmp_path),
-                          cwd=tmp_path, capture_output=True, timeout=90)
+    proc = subprocess.run(
+        [sys.executable, "-m", "agent", "--nproc-per-node", "2", "spin.py"],
+        env=base_env(tmp_path),
+        cwd=tmp_path,
+        capture_output=True,
+        timeout=90,
+    )
     assert proc.returncode == 0
     assert b"\x1b[" not in proc.stdout + proc.stderr
     assert proc.stdout.count(b": tick ") == 8

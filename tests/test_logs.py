@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from agent.logs import LogRouter, Stream
+from agent.console.router import LogRouter, Stream
 
 # Writes 4 MiB of pseudo-random bytes (newlines included) in uneven chunks, then a partial line.
 WRITER = r"""
@@ -32,9 +32,13 @@ sys.stdout.write(hashlib.sha1(data).hexdigest()); sys.stdout.flush()
 def test_every_byte_reaches_the_file(tmp_path, to_console) -> None:
     console_out, console_err = io.BytesIO(), io.BytesIO()
     router = LogRouter(console_out, console_err, console_depth=1 << 16)
-    proc = subprocess.Popen([sys.executable, "-c", WRITER], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", WRITER], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
+    )
     path = tmp_path / "rank-00000.out"
-    state = router.add(os.dup(proc.stdout.fileno()), Stream(0, "out", str(path), b"h:0: ", to_console))
+    state = router.add(
+        os.dup(proc.stdout.fileno()), Stream(0, "out", str(path), b"h:0: ", to_console)
+    )
     proc.stdout.close()  # the router owns its duplicate, as in agent.workers
     assert proc.wait(60) == 0
     assert state.done.wait(30)
@@ -47,7 +51,7 @@ def test_every_byte_reaches_the_file(tmp_path, to_console) -> None:
     if to_console:
         lines = shown.split(b"\n")[:-1]
         assert all(line.startswith(b"h:0: ") for line in lines)
-        assert b"\n".join(line[len(b"h:0: "):] for line in lines) == written
+        assert b"\n".join(line[len(b"h:0: ") :] for line in lines) == written
     else:
         assert shown == b"" and state.splice  # moved by splice(2) all along, never fell back
 
@@ -64,7 +68,9 @@ class _StuckConsole(io.BytesIO):
         return super().write(data)
 
 
-def test_a_stuck_console_drops_whole_chunks_counts_them_and_keeps_the_file_complete(tmp_path) -> None:
+def test_a_stuck_console_drops_whole_chunks_counts_them_and_keeps_the_file_complete(
+    tmp_path,
+) -> None:
     console, errors = _StuckConsole(), io.BytesIO()
     router = LogRouter(console, errors, console_depth=2)
     read_end, write_end = os.pipe()
@@ -85,7 +91,9 @@ def test_a_stuck_console_drops_whole_chunks_counts_them_and_keeps_the_file_compl
     console.release.set()
     router.close()
     shown = console.getvalue().splitlines()
-    dropped = [int(m) for m in re.findall(rb"console too slow: (\d+) lines of rank 4", errors.getvalue())]
+    dropped = [
+        int(m) for m in re.findall(rb"console too slow: (\d+) lines of rank 4", errors.getvalue())
+    ]
     assert dropped and sum(dropped) > 0
     assert len(shown) + sum(dropped) == 20 * 50
     assert all(line.startswith(b"h:4: chunk ") for line in shown)

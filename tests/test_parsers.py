@@ -1,4 +1,4 @@
-"""agent.parsers and agent.payload: built-in and plugin parsers, savanna argv, payload shape."""
+"""agent.plan.parsers and agent.plan.payload: built-in and plugin parsers, savanna argv, payload shape."""
 
 from __future__ import annotations
 
@@ -12,14 +12,14 @@ from pathlib import Path
 import pytest
 
 from agent.errors import AgentError, ExitCode
-from agent.parsers import (
+from agent.plan.parsers import (
     MAX_ARG_BYTES,
     default_parser,
     load_parser,
     run_parser,
     savanna_parser,
 )
-from agent.payload import JobShape, Payload
+from agent.plan.payload import JobShape, Payload
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = REPO / "configs"
@@ -170,7 +170,7 @@ def test_savanna_parser_refuses_a_disagreeing_global_num_gpus(tmp_path):
     [
         ("default", default_parser),
         ("savanna", savanna_parser),
-        ("agent.parsers:savanna_parser", savanna_parser),
+        ("agent.plan.parsers:savanna_parser", savanna_parser),
         ("json:dumps", json.dumps),
         ("json:JSONDecoder.decode", json.JSONDecoder.decode),
     ],
@@ -209,7 +209,7 @@ def test_load_parser_reports_a_module_that_fails_to_import(tmp_path, monkeypatch
 
 def test_plugin_parser_from_a_module_runs(tmp_path, monkeypatch):
     (tmp_path / "la_plugin_parser_module.py").write_text(
-        "from agent.payload import Payload\n"
+        "from agent.plan.payload import Payload\n"
         "def parse(paths, overrides, shape):\n"
         "    return Payload(config={'n': shape.world_size, 'paths': list(paths)}, env={'X': '1'})\n"
     )
@@ -335,7 +335,7 @@ def test_job_shape_validates(args, fragment):
 
 def test_config_modules_never_import_torch():
     code = (
-        "import sys, agent.config, agent.derived, agent.payload, agent.parsers, agent.signing; "
+        "import sys, agent.plan.config, agent.plan.derived, agent.plan.payload, agent.plan.parsers, agent.node.signing; "
         "sys.exit('torch' in sys.modules)"
     )
     result = subprocess.run(

@@ -19,7 +19,9 @@ def test_readme_example_command_runs_every_rank(tmp_path):
     example = install.split(" && ", 1)[1].split()
     assert example[:3] == ["python", "-m", "agent"]
     argv = [sys.executable, "-m", "agent", "--log-dir", str(tmp_path / "logs"), *example[3:]]
-    proc = subprocess.run(argv, cwd=REPO, env=base_env(tmp_path), capture_output=True, text=True, timeout=180)
+    proc = subprocess.run(
+        argv, cwd=REPO, env=base_env(tmp_path), capture_output=True, text=True, timeout=180
+    )
     assert proc.returncode == 0, proc.stderr
     nproc = int(example[example.index("--nproc-per-node") + 1])
     for rank in range(nproc):

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from agent.errors import AgentError, ExitCode
-from agent.signing import SECRET_RELPATH, load_secret, seal, unseal
+from agent.node.signing import SECRET_RELPATH, load_secret, seal, unseal
 
 REPO = Path(__file__).resolve().parents[1]
 KEY = b"0123456789abcdef" * 4
@@ -141,7 +141,7 @@ def test_secret_file_is_created_0600_in_a_0700_dir_and_reused(tmp_path):
 
 
 def test_agents_racing_on_a_shared_home_all_get_the_same_secret(tmp_path):
-    code = "import sys; from pathlib import Path; from agent.signing import load_secret; "
+    code = "import sys; from pathlib import Path; from agent.node.signing import load_secret; "
     code += "sys.stdout.write(load_secret({}, Path(sys.argv[1])).decode())"
     racers = [
         subprocess.Popen(

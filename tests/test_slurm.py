@@ -1,4 +1,4 @@
-"""Issue 6 end to end on a real local Slurm (slurmctld + 2 slurmd on this machine).
+"""End to end on a real local Slurm (slurmctld + 2 slurmd on this machine).
 
 The session fixture starts the cluster with scripts/slurm/start-cluster.sh (idempotent). In CI
 (CI=true) a cluster that cannot start is a failure with the daemon logs, never a skip.
@@ -44,20 +44,52 @@ def _job_state(job: str) -> dict[str, str]:
 
 def _finished(job: str) -> dict[str, str] | None:
     state = _job_state(job)
-    return state if state.get("JobState") not in (None, "PENDING", "RUNNING", "CONFIGURING", "COMPLETING") else None
+    return (
+        state
+        if state.get("JobState") not in (None, "PENDING", "RUNNING", "CONFIGURING", "COMPLETING")
+        else None
+    )
 
 
 def test_generated_sbatch_runs_check_args_on_every_rank(slurm, tmp_path):
     script = tmp_path / "job.sbatch"
     logs = tmp_path / "logs"
-    gen = subprocess.run([
-        sys.executable, "-m", "bootstrap", "-J", "la-e2e", "-N", "2", "--gpus-per-node", "0",
-        "--cpus-per-task", "2", "--sbatch-output", str(tmp_path / "job-%j.out"),
-        f"--agent-opts=--nproc-per-node 2 --log-dir {logs}", "-o", str(script), CHECK_ARGS, *CONFIGS,
-    ], capture_output=True, text=True, cwd=REPO, env=_env(tmp_path), timeout=60)
+    gen = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bootstrap",
+            "-J",
+            "la-e2e",
+            "-N",
+            "2",
+            "--gpus-per-node",
+            "0",
+            "--cpus-per-task",
+            "2",
+            "--sbatch-output",
+            str(tmp_path / "job-%j.out"),
+            f"--agent-opts=--nproc-per-node 2 --log-dir {logs}",
+            "-o",
+            str(script),
+            CHECK_ARGS,
+            *CONFIGS,
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=_env(tmp_path),
+        timeout=60,
+    )
     assert gen.returncode == 0, gen.stderr
-    sub = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True,
-                         cwd=tmp_path, env=_env(tmp_path), timeout=60)
+    sub = subprocess.run(
+        ["sbatch", "--parsable", str(script)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=_env(tmp_path),
+        timeout=60,
+    )
     assert sub.returncode == 0, sub.stderr
     job = sub.stdout.strip().split(";")[0]
     state = wait_for(lambda: _finished(job), 240, f"job {job} to finish", interval=0.5)
@@ -73,9 +105,28 @@ def test_generated_sbatch_runs_check_args_on_every_rank(slurm, tmp_path):
 def test_srun_from_an_salloc_shell(slurm, tmp_path):
     logs = tmp_path / "logs"
     proc = subprocess.run(
-        ["salloc", "-N2", "--immediate=60", "srun", "--ntasks-per-node=1", sys.executable, "-m", "agent",
-         "--nproc-per-node", "1", "--log-dir", str(logs), FIXTURE, "--stdout", "hello from slurm"],
-        capture_output=True, text=True, cwd=tmp_path, env=_env(tmp_path), timeout=180,
+        [
+            "salloc",
+            "-N2",
+            "--immediate=60",
+            "srun",
+            "--ntasks-per-node=1",
+            sys.executable,
+            "-m",
+            "agent",
+            "--nproc-per-node",
+            "1",
+            "--log-dir",
+            str(logs),
+            FIXTURE,
+            "--stdout",
+            "hello from slurm",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=_env(tmp_path),
+        timeout=180,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "n1:0: hello from slurm" in proc.stdout and "n2:1: hello from slurm" in proc.stdout
@@ -92,8 +143,14 @@ def test_scancel_leaves_no_process_behind(slurm, tmp_path):
         f"srun {sys.executable} -m agent --nproc-per-node 2 --log-dir {tmp_path}/logs "
         f"{FIXTURE} --ready-to {ready} --others-wait --exit 1 --on\n"
     )
-    sub = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True,
-                         cwd=tmp_path, env=_env(tmp_path), timeout=60)
+    sub = subprocess.run(
+        ["sbatch", "--parsable", str(script)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=_env(tmp_path),
+        timeout=60,
+    )
     assert sub.returncode == 0, sub.stderr
     job = sub.stdout.strip().split(";")[0]
     wait_for(lambda: len(list(ready.iterdir())) == 4, 180, "all 4 ranks to run", interval=0.2)
@@ -101,7 +158,11 @@ def test_scancel_leaves_no_process_behind(slurm, tmp_path):
     assert len(job_processes(marker)) >= 4
     subprocess.run(["scancel", job], check=True, timeout=30)
     wait_for(lambda: _finished(job), 60, "the job to end", interval=0.2)
-    wait_for(lambda: not job_processes(marker) and not _agents_of(tmp_path), 30, "no process of the job left")
+    wait_for(
+        lambda: not job_processes(marker) and not _agents_of(tmp_path),
+        30,
+        "no process of the job left",
+    )
     assert _finished(job)["JobState"] == "CANCELLED"
 
 

@@ -11,12 +11,14 @@ from datetime import timedelta
 import pytest
 from torch.distributed import TCPStore
 
-from agent.store_client import ProtocolMismatch, StoreClient, StoreClosed, StoreTimeout
+from agent.node.store_client import ProtocolMismatch, StoreClient, StoreClosed, StoreTimeout
 
 
 @pytest.fixture()
 def server():
-    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=30))
+    store = TCPStore(
+        "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=30)
+    )
     yield store
 
 
@@ -79,8 +81,10 @@ def test_connect_waits_for_a_late_server_and_gives_up_on_none() -> None:
     with pytest.raises(TimeoutError):
         StoreClient.connect("127.0.0.1", port, 0.3)
     holder: list[TCPStore] = []
-    starter = threading.Timer(0.3, lambda: holder.append(
-        TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False)))
+    starter = threading.Timer(
+        0.3,
+        lambda: holder.append(TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False)),
+    )
     starter.start()
     ours = StoreClient.connect("127.0.0.1", port, 20)
     starter.join()
@@ -97,8 +101,10 @@ def test_a_dead_server_is_reported_as_closed() -> None:
 
 
 def test_the_client_does_not_import_torch() -> None:
-    code = "import sys, agent.store, agent.rendezvous, agent.node; print('torch' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    code = "import sys, agent.node.store, agent.node.membership, agent.node.agent; print('torch' in sys.modules)"
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout
     assert out.strip() == "False"
 
 
@@ -111,12 +117,29 @@ def test_a_one_node_job_runs_without_the_agent_importing_torch(tmp_path) -> None
         "dist.destroy_process_group()\n"
     )
     done = subprocess.run(
-        [sys.executable, "-X", "importtime", "-m", "agent", "--nproc-per-node", "2", "--log-dir",
-         str(tmp_path / "logs"), str(script)], capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            "-X",
+            "importtime",
+            "-m",
+            "agent",
+            "--nproc-per-node",
+            "2",
+            "--log-dir",
+            str(tmp_path / "logs"),
+            str(script),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert done.returncode == 0, done.stderr[-2000:]
-    imported = {line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines() if line.startswith("import time:")}
-    assert "agent.node" in imported and "torch" not in imported
+    imported = {
+        line.rsplit("|", 1)[-1].strip()
+        for line in done.stderr.splitlines()
+        if line.startswith("import time:")
+    }
+    assert "agent.node.agent" in imported and "torch" not in imported
     for rank in (0, 1):
         assert (tmp_path / "logs" / f"rank-0000{rank}.out").read_text() == "False 2\n"
 
@@ -161,11 +184,28 @@ def test_a_one_node_job_restarts_with_rank_0_hosting_the_store_again(tmp_path, f
             port = ["--master-port", str(probe.getsockname()[1])]
     logs = tmp_path / "logs"
     done = subprocess.run(
-        [sys.executable, "-m", "agent", "--nproc-per-node", "2", "--max-restarts", "1", *port,
-         "--log-dir", str(logs), str(script)], capture_output=True, text=True, timeout=180,
+        [
+            sys.executable,
+            "-m",
+            "agent",
+            "--nproc-per-node",
+            "2",
+            "--max-restarts",
+            "1",
+            *port,
+            "--log-dir",
+            str(logs),
+            str(script),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
     )
     assert done.returncode == 0, done.stderr[-2000:]
-    first, second = (logs / "rank-00001.out").read_text().split(), (logs / "rank-00001.r1.out").read_text().split()
+    first, second = (
+        (logs / "rank-00001.out").read_text().split(),
+        (logs / "rank-00001.r1.out").read_text().split(),
+    )
     assert first[:2] == ["attempt", "0"] and second[:2] == ["attempt", "1"]
     if fixed_port:
         assert first[3] == second[3] == port[1]

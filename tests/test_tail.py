@@ -15,9 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from agent import tail, tail_follow
-from agent.summary import RankExit, build_summary, failure_record
-from agent.tail import RankFile, Selection, Where
+from agent import logs as tail
+from agent.logs import RankFile, Selection, Where
+from agent.logs import follow as tail_follow
+from agent.run.summary import RankExit, build_summary, failure_record
 
 REPO = Path(__file__).resolve().parents[1]
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -46,15 +47,51 @@ def test_parse_name(name, parsed) -> None:
 @pytest.mark.parametrize(
     ("file", "selection", "where", "following", "shown"),
     [
-        (RankFile(1, 0, "err", ""), Selection(None, None, ("out",), "latest", None), {}, False, False),
-        (RankFile(2, 0, "out", ""), Selection(frozenset({1, 3}), None, ("out", "err"), "latest", None), {}, False, False),
+        (
+            RankFile(1, 0, "err", ""),
+            Selection(None, None, ("out",), "latest", None),
+            {},
+            False,
+            False,
+        ),
+        (
+            RankFile(2, 0, "out", ""),
+            Selection(frozenset({1, 3}), None, ("out", "err"), "latest", None),
+            {},
+            False,
+            False,
+        ),
         (RankFile(1, 1, "out", ""), ALL, {}, False, True),
         (RankFile(1, 0, "out", ""), Selection(None, None, ("out",), "all", None), {}, False, True),
         (RankFile(1, 0, "out", ""), Selection(None, None, ("out",), 0, None), {}, False, True),
-        (RankFile(1, 2, "out", ""), Selection(None, None, ("out",), "latest", None), {}, True, True),
-        (RankFile(1, 0, "out", ""), Selection(None, frozenset({1}), ("out",), "all", None), {1: Where("n2", 1)}, False, True),
-        (RankFile(1, 0, "out", ""), Selection(None, frozenset({0}), ("out",), "all", None), {1: Where("n2", 1)}, False, False),
-        (RankFile(1, 0, "out", ""), Selection(None, frozenset({0}), ("out",), "all", None), {}, False, None),
+        (
+            RankFile(1, 2, "out", ""),
+            Selection(None, None, ("out",), "latest", None),
+            {},
+            True,
+            True,
+        ),
+        (
+            RankFile(1, 0, "out", ""),
+            Selection(None, frozenset({1}), ("out",), "all", None),
+            {1: Where("n2", 1)},
+            False,
+            True,
+        ),
+        (
+            RankFile(1, 0, "out", ""),
+            Selection(None, frozenset({0}), ("out",), "all", None),
+            {1: Where("n2", 1)},
+            False,
+            False,
+        ),
+        (
+            RankFile(1, 0, "out", ""),
+            Selection(None, frozenset({0}), ("out",), "all", None),
+            {},
+            False,
+            None,
+        ),
     ],
 )
 def test_wanted(file, selection, where, following, shown) -> None:
@@ -89,18 +126,44 @@ def test_prefix() -> None:
 
 
 def test_where_from_each_source() -> None:
-    assert tail.where_from_ranks_json({"ranks": [{"rank": 0, "host": "n1", "node": 0}, {"rank": 1, "host": "n2"}]}) == {
-        0: Where("n1", 0), 1: Where("n2", None)}
-    summary = {"attempts": [{"ranks": [{"rank": 2, "host": "n2", "node_rank": 1}, {"rank": -1, "host": "n9", "node_rank": 3}]}]}
+    assert tail.where_from_ranks_json(
+        {"ranks": [{"rank": 0, "host": "n1", "node": 0}, {"rank": 1, "host": "n2"}]}
+    ) == {0: Where("n1", 0), 1: Where("n2", None)}
+    summary = {
+        "attempts": [
+            {
+                "ranks": [
+                    {"rank": 2, "host": "n2", "node_rank": 1},
+                    {"rank": -1, "host": "n9", "node_rank": 3},
+                ]
+            }
+        ]
+    }
     assert tail.where_from_summary(summary) == {2: Where("n2", 1)}
-    logs = [b"x INFO attempt 0: starting ranks 2-3 on n2\n", b"x INFO attempt 0: starting ranks 0-1 on n1\n"]
-    assert tail.where_from_agent_logs(logs) == {0: Where("n1", 0), 1: Where("n1", 0), 2: Where("n2", 1), 3: Where("n2", 1)}
+    logs = [
+        b"x INFO attempt 0: starting ranks 2-3 on n2\n",
+        b"x INFO attempt 0: starting ranks 0-1 on n1\n",
+    ]
+    assert tail.where_from_agent_logs(logs) == {
+        0: Where("n1", 0),
+        1: Where("n1", 0),
+        2: Where("n2", 1),
+        3: Where("n2", 1),
+    }
     assert tail.where_from_ranks_json(None) == tail.where_from_summary([]) == {}
 
 
-@pytest.mark.parametrize(("text", "count", "offset"), [
-    (b"a\nb\nc\n", 1, 4), (b"a\nb\nc\n", 2, 2), (b"a\nb\nc", 1, 4), (b"a\nb\nc\n", 9, 0), (b"a\nb\n", 0, 4), (b"", 3, 0),
-])
+@pytest.mark.parametrize(
+    ("text", "count", "offset"),
+    [
+        (b"a\nb\nc\n", 1, 4),
+        (b"a\nb\nc\n", 2, 2),
+        (b"a\nb\nc", 1, 4),
+        (b"a\nb\nc\n", 9, 0),
+        (b"a\nb\n", 0, 4),
+        (b"", 3, 0),
+    ],
+)
 def test_last_lines_offset(tmp_path, text, count, offset) -> None:
     path = tmp_path / "f"
     path.write_bytes(text)
@@ -114,7 +177,9 @@ def _job(log_dir: Path, ranks_json: bool = True) -> Path:
     log_dir.mkdir(parents=True, exist_ok=True)
     for rank in range(4):
         (log_dir / f"rank-{rank:05d}.out").write_text(f"rank {rank} step 1\nrank {rank} step 2\n")
-        (log_dir / f"rank-{rank:05d}.err").write_text(f"rank {rank} warning\n" + ("Boom" if rank == 3 else ""))
+        (log_dir / f"rank-{rank:05d}.err").write_text(
+            f"rank {rank} warning\n" + ("Boom" if rank == 3 else "")
+        )
     if ranks_json:
         ranks = [{"rank": r, "host": f"n{r // 2 + 1}", "node": r // 2} for r in range(4)]
         (log_dir / "ranks.json").write_text(json.dumps({"ranks": ranks}))
@@ -133,24 +198,40 @@ def test_prints_every_rank_in_rank_order(tmp_path) -> None:
     assert text.splitlines() == [
         f"n{r // 2 + 1}:{r}: {line}"
         for r in range(4)
-        for line in (f"rank {r} step 1", f"rank {r} step 2", f"rank {r} warning") + (("Boom",) if r == 3 else ())
+        for line in (f"rank {r} step 1", f"rank {r} step 2", f"rank {r} warning")
+        + (("Boom",) if r == 3 else ())
     ]
 
 
 def test_filters(tmp_path) -> None:
     log_dir = str(_job(tmp_path))
-    assert _logs(log_dir, "--rank", "1,3", "--stream", "err")[1] == "n1:1: rank 1 warning\nn2:3: rank 3 warning\nn2:3: Boom\n"
+    assert (
+        _logs(log_dir, "--rank", "1,3", "--stream", "err")[1]
+        == "n1:1: rank 1 warning\nn2:3: rank 3 warning\nn2:3: Boom\n"
+    )
     assert _logs(log_dir, "--node", "1", "--grep", r"step \d")[1].splitlines() == [
-        "n2:2: rank 2 step 1", "n2:2: rank 2 step 2", "n2:3: rank 3 step 1", "n2:3: rank 3 step 2"]
-    assert _logs(log_dir, "--rank", "0", "--stream", "out", "--no-prefix", "-n", "1")[1] == "rank 0 step 2\n"
+        "n2:2: rank 2 step 1",
+        "n2:2: rank 2 step 2",
+        "n2:3: rank 3 step 1",
+        "n2:3: rank 3 step 2",
+    ]
+    assert (
+        _logs(log_dir, "--rank", "0", "--stream", "out", "--no-prefix", "-n", "1")[1]
+        == "rank 0 step 2\n"
+    )
 
 
 def test_attempts(tmp_path) -> None:
     log_dir = _job(tmp_path)
     (log_dir / "rank-00000.r1.out").write_text("again\n")
     assert _logs(str(log_dir), "--rank", "0")[1] == "n1:0.r1: again\n"
-    assert _logs(str(log_dir), "--rank", "0", "--attempt", "0", "--stream", "out")[1].count("\n") == 2
-    assert _logs(str(log_dir), "--rank", "0", "--attempt", "all", "--stream", "out")[1].count("\n") == 3
+    assert (
+        _logs(str(log_dir), "--rank", "0", "--attempt", "0", "--stream", "out")[1].count("\n") == 2
+    )
+    assert (
+        _logs(str(log_dir), "--rank", "0", "--attempt", "all", "--stream", "out")[1].count("\n")
+        == 3
+    )
 
 
 def test_hosts_from_agent_logs_or_none(tmp_path) -> None:
@@ -184,10 +265,27 @@ def test_node_filter_needs_a_rank_map(tmp_path, capsys) -> None:
 
 
 def _summary(log_dir: Path) -> None:
-    exits = [RankExit(r, r % 2, r // 2, f"n{r // 2 + 1}", 100 + r, 1 if r == 3 else -15,
-                      "failed" if r == 3 else "terminated", 10.0, 12.5, 0) for r in range(4)]
-    cause = failure_record(exits[3], ["Traceback (most recent call last):", "ValueError: boom"], None)
-    attempts = [{"attempt": 0, "root_cause": cause, "ranks": [e.to_json() for e in exits], "lost_nodes": []}]
+    exits = [
+        RankExit(
+            r,
+            r % 2,
+            r // 2,
+            f"n{r // 2 + 1}",
+            100 + r,
+            1 if r == 3 else -15,
+            "failed" if r == 3 else "terminated",
+            10.0,
+            12.5,
+            0,
+        )
+        for r in range(4)
+    ]
+    cause = failure_record(
+        exits[3], ["Traceback (most recent call last):", "ValueError: boom"], None
+    )
+    attempts = [
+        {"attempt": 0, "root_cause": cause, "ranks": [e.to_json() for e in exits], "lost_nodes": []}
+    ]
     summary = build_summary({"id": "77", "step": "0", "nnodes": 2, "world_size": 4}, attempts, 1)
     (log_dir / "summary.json").write_text(json.dumps(summary))
 
@@ -218,7 +316,9 @@ def test_help_does_not_import_torch() -> None:
         "    try:\n        main([sub, '--help'])\n    except SystemExit as e:\n        assert e.code == 0\n"
         "assert 'torch' not in sys.modules, 'torch imported'\n"
     )
-    done = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 0, done.stderr
     assert "--follow" in done.stdout and "--timeout" in done.stdout
 
@@ -226,8 +326,12 @@ def test_help_does_not_import_torch() -> None:
 def test_redirected_follow_partial_lines_and_job_end(tmp_path) -> None:
     """Piped: no colour; a partial line shows once its file stops growing; summary.json ends it."""
     log_dir = _job(tmp_path)
-    proc = subprocess.Popen(_agent_logs(str(log_dir), "--follow", "--rank", "3", "--interval", "0.05"),
-                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        _agent_logs(str(log_dir), "--follow", "--rank", "3", "--interval", "0.05"),
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     assert proc.stdout is not None
     seen = _Reader(proc.stdout.fileno())
     seen.until(lambda t: "n2:3: Boom\n" in t, 5.0)  # the unterminated last line, flushed when stale
@@ -261,8 +365,14 @@ def test_follow_in_a_terminal(tmp_path) -> None:
     log_dir = tmp_path / "job"  # does not exist yet
     master, slave = os.openpty()
     env = {k: v for k, v in os.environ.items() if k != "NO_COLOR"}
-    logs = subprocess.Popen(_agent_logs(str(log_dir), "--follow", "--rank", "1,3", "--interval", "0.1"),
-                            cwd=REPO, env=env, stdin=slave, stdout=slave, stderr=slave)
+    logs = subprocess.Popen(
+        _agent_logs(str(log_dir), "--follow", "--rank", "1,3", "--interval", "0.1"),
+        cwd=REPO,
+        env=env,
+        stdin=slave,
+        stdout=slave,
+        stderr=slave,
+    )
     os.close(slave)
     screen = _Reader(master)
     writer = None
@@ -272,10 +382,17 @@ def test_follow_in_a_terminal(tmp_path) -> None:
         screen.until(lambda t: "rank 1 line 8 " in t and "rank 3 line 8 " in t, 10.0)
         assert logs.poll() is None
         assert "\x1b[" in screen.text
-        lines = [ANSI.sub("", line) for line in screen.text.replace("\r", "").splitlines() if WRITTEN.search(line)]
+        lines = [
+            ANSI.sub("", line)
+            for line in screen.text.replace("\r", "").splitlines()
+            if WRITTEN.search(line)
+        ]
         assert {line.split(": ", 1)[0] for line in lines} == {"n1:1", "n2:3"}
-        delays = [screen.arrived[i] - float(line.rsplit("t=", 1)[1]) for i, line in enumerate(lines)
-                  if i in screen.arrived]
+        delays = [
+            screen.arrived[i] - float(line.rsplit("t=", 1)[1])
+            for i, line in enumerate(lines)
+            if i in screen.arrived
+        ]
         assert delays and max(delays) < 1.0, delays
         logs.send_signal(signal.SIGINT)
         assert logs.wait(timeout=5) == 0

@@ -9,15 +9,13 @@ from pathlib import Path
 import pytest
 
 from agent.errors import AgentError, ExitCode
-from agent.topology import (
+from agent.plan.gpus import count_gpus, parse_visible, select_gpus
+from agent.plan.topology import (
     Topology,
-    count_gpus,
     format_cpulist,
     normalize_pci,
     parse_cpulist,
-    parse_visible,
     read_topology,
-    select_gpus,
 )
 from tests.fake_sysfs import (
     NODE0_CPUS,

@@ -759,3 +759,39 @@ def test_derive_port_is_stable_across_processes() -> None:
         for seed in ("1", "2")
     }
     assert seen == {str(derive_port("4242", "3"))}
+
+
+def test_job_id_flag_names_a_job_the_scheduler_does_not():
+    """Explicit worlds get a job identity of their own: store keys and derived port follow it."""
+    flags = WorldFlags(nnodes=2, node_rank=1, master_addr="10.0.0.1", job_id="exp-7")
+    assert world_from_env({}, flags).job_id == "exp-7"
+    assert (
+        world_from_env({}, WorldFlags(nnodes=2, node_rank=1, master_addr="10.0.0.1")).job_id == ""
+    )
+
+
+@pytest.mark.parametrize(
+    ("env", "job_id", "message"),
+    [
+        (
+            {
+                "SLURM_JOB_ID": "5",
+                "SLURM_STEP_ID": "0",
+                "SLURM_NNODES": "1",
+                "SLURM_NODEID": "0",
+                "SLURM_STEP_NODELIST": "n1",
+                "SLURMD_NODENAME": "n1",
+                "SLURM_NTASKS": "1",
+                "SLURM_STEP_TASKS_PER_NODE": "1",
+                "SLURM_PROCID": "0",
+            },
+            "6",
+            "contradicts the scheduler's job id 5",
+        ),
+        ({}, "a b", "--job-id='a b': use 1-64 letters"),
+        ({}, "", "--job-id='': use 1-64 letters"),
+    ],
+)
+def test_job_id_flag_is_checked(env, job_id, message):
+    with pytest.raises(AgentError, match=message):
+        world_from_env(env, WorldFlags(job_id=job_id))

@@ -29,8 +29,18 @@ PY = sys.executable
 MARK = "LA_BENCH_RUN"
 RUN_ID = uuid.uuid4().hex[:12]
 _DROP_PREFIXES = ("SLURM_", "OMPI_", "PMI_", "PMIX_", "TORCHELASTIC_")
-_DROP_KEYS = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
-              "GROUP_RANK", "NODE_RANK", "CUDA_VISIBLE_DEVICES", "PYTHONUNBUFFERED")
+_DROP_KEYS = (
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "WORLD_SIZE",
+    "RANK",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "NODE_RANK",
+    "CUDA_VISIBLE_DEVICES",
+    "PYTHONUNBUFFERED",
+)
 
 
 def program(name: str) -> str:
@@ -40,8 +50,14 @@ def program(name: str) -> str:
 
 def base_env(**extra: str) -> dict[str, str]:
     """The bench's clean env: no scheduler/launcher variables, repo importable, run marker set."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(_DROP_PREFIXES) and k not in _DROP_KEYS}
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(_DROP_PREFIXES) and k not in _DROP_KEYS
+    }
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p
+    )
     env["AGENT_SECRET"] = "bench-" + RUN_ID
     env[MARK] = RUN_ID
     env.update(extra)
@@ -51,19 +67,28 @@ def base_env(**extra: str) -> dict[str, str]:
 def slurm_env(job: str, nnodes: int, node: int) -> dict[str, str]:
     """What srun would give the agent on simulated node `node` (127.0.0.<node+1>)."""
     return {
-        "SLURM_JOB_ID": job, "SLURM_STEP_ID": "0", "SLURM_NNODES": str(nnodes),
-        "SLURM_NTASKS": str(nnodes), "SLURM_NODEID": str(node), "SLURM_PROCID": str(node),
+        "SLURM_JOB_ID": job,
+        "SLURM_STEP_ID": "0",
+        "SLURM_NNODES": str(nnodes),
+        "SLURM_NTASKS": str(nnodes),
+        "SLURM_NODEID": str(node),
+        "SLURM_PROCID": str(node),
         "SLURM_LOCALID": "0",
         "SLURM_STEP_NODELIST": f"127.0.0.[1-{nnodes}]" if nnodes > 1 else "127.0.0.1",
-        "SLURM_STEP_TASKS_PER_NODE": f"1(x{nnodes})", "SLURMD_NODENAME": f"127.0.0.{node + 1}",
+        "SLURM_STEP_TASKS_PER_NODE": f"1(x{nnodes})",
+        "SLURMD_NODENAME": f"127.0.0.{node + 1}",
     }
 
 
 def rank_env(rank: int, local_rank: int, world: int, local_world: int, port: int) -> dict[str, str]:
     """The preset env of a rank started without any launcher (rank 0 hosts the store)."""
     return {
-        "RANK": str(rank), "LOCAL_RANK": str(local_rank), "WORLD_SIZE": str(world),
-        "LOCAL_WORLD_SIZE": str(local_world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+        "RANK": str(rank),
+        "LOCAL_RANK": str(local_rank),
+        "WORLD_SIZE": str(world),
+        "LOCAL_WORLD_SIZE": str(local_world),
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
         "OMP_NUM_THREADS": "1",
     }
 
@@ -137,8 +162,15 @@ def start(commands: Sequence[tuple[list[str], Mapping[str, str], Path]], cwd: Pa
     t0 = time.monotonic()
     for argv, env, out in commands:
         with open(out, "wb") as sink:
-            proc = subprocess.Popen(argv, env=dict(env), stdout=sink, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, cwd=cwd, start_new_session=True)
+            proc = subprocess.Popen(
+                argv,
+                env=dict(env),
+                stdout=sink,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                cwd=cwd,
+                start_new_session=True,
+            )
         procs.append(proc)
         _LIVE.append(proc)
     started = Started(procs, t0)
@@ -146,8 +178,9 @@ def start(commands: Sequence[tuple[list[str], Mapping[str, str], Path]], cwd: Pa
     return started
 
 
-def run_all(commands: Sequence[tuple[list[str], Mapping[str, str], Path]], cwd: Path,
-            timeout: float) -> Started:
+def run_all(
+    commands: Sequence[tuple[list[str], Mapping[str, str], Path]], cwd: Path, timeout: float
+) -> Started:
     """Start, wait (bounded), and always leave nothing behind."""
     started = start(commands, cwd)
     try:

@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 
 try:
-    from agent.dnsfix import disable_reverse_dns
+    from agent.node.dnsfix import disable_reverse_dns
 
     disable_reverse_dns(os.path.join(os.path.dirname(torch.__file__), "lib"))
 except ImportError:

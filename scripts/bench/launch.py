@@ -19,14 +19,22 @@ def one_run(mode: str, nodes: int, work: Path, rep: int) -> dict[str, Any]:
     cmds = launchers.build(mode, nodes, NPROC, [c.program("gloo_rank")], work, tag)
     run = c.run_all(cmds, work, timeout=60 + 25 * nodes)
     ok = run.alive() == 0 and all(code == 0 for code in run.codes)
-    result: dict[str, Any] = {"mode": mode, "nodes": nodes, "rep": rep, "ok": ok, "codes": run.codes,
-                              "wall": run.wall if ok else None}
+    result: dict[str, Any] = {
+        "mode": mode,
+        "nodes": nodes,
+        "rep": rep,
+        "ok": ok,
+        "codes": run.codes,
+        "wall": run.wall if ok else None,
+    }
     if not ok:
         result["error"] = c.tail(cmds[-1][2]) or c.tail(cmds[0][2])
     return result
 
 
-def run(sizes: list[int], reps: dict[int, int], budget: c.Budget, work: Path, log) -> dict[str, Any]:
+def run(
+    sizes: list[int], reps: dict[int, int], budget: c.Budget, work: Path, log
+) -> dict[str, Any]:
     """Rounds: every size once, then more repetitions while the budget covers the last round's cost.
     Within a repetition floor/ours/torchrun are interleaved, the order rotating against drift."""
     runs: list[dict[str, Any]] = []
@@ -39,23 +47,37 @@ def run(sizes: list[int], reps: dict[int, int], budget: c.Budget, work: Path, lo
                 log(f"launch: {nodes} nodes: budget spent, {rep} repetition(s)")
                 continue
             started = time.monotonic()
-            for mode in MODES[rep % 3:] + MODES[:rep % 3]:
+            for mode in MODES[rep % 3 :] + MODES[: rep % 3]:
                 result = one_run(mode, nodes, work, rep)
-                log(f"launch: {nodes} nodes {mode:8s} rep {rep}: "
-                    + (secs(result["wall"]) if result["ok"] else f"FAILED {result['codes']}"))
+                log(
+                    f"launch: {nodes} nodes {mode:8s} rep {rep}: "
+                    + (secs(result["wall"]) if result["ok"] else f"FAILED {result['codes']}")
+                )
                 runs.append(result)
             cost[nodes] = time.monotonic() - started
     return {"nproc_per_node": NPROC, "runs": runs}
 
 
 def walls(data: dict[str, Any], mode: str, nodes: int) -> list[float]:
-    return [r["wall"] for r in data["runs"] if r["mode"] == mode and r["nodes"] == nodes and r["ok"]]
+    return [
+        r["wall"] for r in data["runs"] if r["mode"] == mode and r["nodes"] == nodes and r["ok"]
+    ]
 
 
 def summarize(data: dict[str, Any]) -> tuple[Table, list[Target], dict[str, Any]]:
-    table = Table("1. Launch overhead (gloo init + barrier + exit; wall, median of runs, min–max in brackets)",
-                  ["nodes × ranks", "runs", "no launcher (floor)", "ours", "torchrun (c10d)",
-                   "ours overhead", "torchrun overhead", "ours/torchrun overhead"])
+    table = Table(
+        "1. Launch overhead (gloo init + barrier + exit; wall, median of runs, min–max in brackets)",
+        [
+            "nodes × ranks",
+            "runs",
+            "no launcher (floor)",
+            "ours",
+            "torchrun (c10d)",
+            "ours overhead",
+            "torchrun overhead",
+            "ours/torchrun overhead",
+        ],
+    )
     targets, summary = [], {}
     for nodes in sorted({r["nodes"] for r in data["runs"]}):
         w = {m: walls(data, m, nodes) for m in MODES}
@@ -64,13 +86,23 @@ def summarize(data: dict[str, Any]) -> tuple[Table, list[Target], dict[str, Any]
         rel = ratio(over["ours"], over["torchrun"])
         failed = sum(1 for r in data["runs"] if r["nodes"] == nodes and not r["ok"])
         count = min(len(v) for v in w.values())
-        table.add(f"{nodes} × {NPROC}", f"{count} (+{failed} failed)" if failed else str(count),
-                  *(f"{secs(med[m])} ({spread(w[m])})" for m in MODES),
-                  secs(over["ours"]), secs(over["torchrun"]), times(rel))
+        table.add(
+            f"{nodes} × {NPROC}",
+            f"{count} (+{failed} failed)" if failed else str(count),
+            *(f"{secs(med[m])} ({spread(w[m])})" for m in MODES),
+            secs(over["ours"]),
+            secs(over["torchrun"]),
+            times(rel),
+        )
         summary[nodes] = {"median": med, "overhead": over, "ratio": rel, "walls": w}
-        targets.append(Target(f"launch overhead, {nodes} node{'s' if nodes > 1 else ''} × {NPROC} ranks",
-                              "≤ 0.5 × torchrun's",
-                              times(rel), None if rel is None else rel <= 0.5))
+        targets.append(
+            Target(
+                f"launch overhead, {nodes} node{'s' if nodes > 1 else ''} × {NPROC} ranks",
+                "≤ 0.5 × torchrun's",
+                times(rel),
+                None if rel is None else rel <= 0.5,
+            )
+        )
     table.notes += [
         "overhead = median wall of the launcher's runs − median wall of the floor runs (same ranks started "
         "directly with RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT preset, rank 0 hosting the store).",

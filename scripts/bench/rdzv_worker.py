@@ -2,7 +2,7 @@
 
     rdzv_worker.py PROTOCOL:DRIVER:N[:REPS][,...] REPS CAP [--no-dnsfix] [--swallow-dns]
 
-PROTOCOL: ours  = agent.rendezvous.Rendezvous.arrive on agent.store.Store (set + add + wait, O(1))
+PROTOCOL: ours  = agent.node.membership.Membership claim + join on agent.node.store.Store (add; set + add + wait + check, O(1))
           torch = DynamicRendezvousHandler.from_backend(C10dRendezvousBackend, min=max=N).next_rendezvous()
           storm = connect a TCPStore client, nothing else (the reverse-DNS check)
           null  = nothing: the driver's own cost of releasing N agents
@@ -33,8 +33,9 @@ from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
     RendezvousTimeout,
 )
 
-from agent.rendezvous import Rendezvous
-from agent.store import Endpoint, Store
+from agent.node.membership import Membership
+from agent.node.signing import seal, unseal
+from agent.node.store import Endpoint, Store
 
 _LONG = timedelta(seconds=600)
 
@@ -124,7 +125,12 @@ def agent_ours(port: int, n: int, index: int, run_id: str) -> dict[str, Any]:
     client = Counting(TCPStore("127.0.0.1", port, is_master=False, timeout=_LONG))
     connected = time.monotonic() - t
     store = Store(client, Endpoint("127.0.0.1", port), f"la/{run_id}/0/")
-    Rendezvous(store, n, index, _Names(n), None, None).arrive(0, 600.0)
+    key = b"bench-secret"
+    members = Membership(
+        store, n, index, _Names(n), lambda o: seal(o, key), lambda d, w: unseal(d, key, w)
+    )
+    members.claim(f"127.0.0.{index % 250 + 1}")
+    members.join(600.0)
     return {"ops": client.ops, "connect": connected}
 
 
@@ -148,7 +154,12 @@ def agent_torch(port: int, n: int, index: int, run_id: str) -> dict[str, Any]:
     store = counting_store(raw)
     backend = C10dRendezvousBackend(store, run_id)
     handler = DynamicRendezvousHandler.from_backend(
-        run_id, store, backend, min_nodes=n, max_nodes=n, local_addr="127.0.0.1",
+        run_id,
+        store,
+        backend,
+        min_nodes=n,
+        max_nodes=n,
+        local_addr="127.0.0.1",
         timeout=RendezvousTimeout(join=timedelta(seconds=600)),
     )
     handler.next_rendezvous()
@@ -314,9 +325,12 @@ def _outcome(results: list[dict[str, Any]], n: int, start: float) -> dict[str, A
     ops = [r["ops"] for r in good]
     connects = sorted(r["connect"] for r in good)
     return {
-        "finished": finished, "done": len(good), "errors": errors[:3],
+        "finished": finished,
+        "done": len(good),
+        "errors": errors[:3],
         "total_s": max(r["end"] for r in good) - start if finished else None,
-        "ops_mean": sum(ops) / len(ops) if ops else None, "ops_max": max(ops) if ops else None,
+        "ops_mean": sum(ops) / len(ops) if ops else None,
+        "ops_max": max(ops) if ops else None,
         "connect_median_s": connects[len(connects) // 2] if connects else None,
     }
 
@@ -340,7 +354,7 @@ def main(argv: list[str]) -> int:
     if "--swallow-dns" in argv:
         swallow_dns()
     if dnsfix:  # before any fork: the server and every agent inherit the flag
-        from agent.dnsfix import disable_reverse_dns
+        from agent.node.dnsfix import disable_reverse_dns
 
         if not disable_reverse_dns(os.path.join(os.path.dirname(torch.__file__), "lib")):
             print(json.dumps({"warning": "agent.dnsfix could not set the flag"}), flush=True)
@@ -352,7 +366,9 @@ def main(argv: list[str]) -> int:
             run_id = f"b{os.getpid()}x{rep}"
             drive = drive_procs if driver == "proc" else drive_threads
             out = drive(AGENTS[protocol], port, n, run_id, cap)
-            out.update({"protocol": protocol, "driver": driver, "n": n, "rep": rep, "dnsfix": dnsfix})
+            out.update(
+                {"protocol": protocol, "driver": driver, "n": n, "rep": rep, "dnsfix": dnsfix}
+            )
             print(json.dumps(out), flush=True)
             if not out["finished"]:
                 os._exit(0)  # stuck threads cannot be joined; the next spec gets a fresh process

@@ -23,7 +23,11 @@ def _sample(pid: int) -> dict[str, float] | None:
         proc = psutil.Process(pid)
         with proc.oneshot():
             cpu = proc.cpu_times()
-            return {"cpu": cpu.user + cpu.system, "rss": proc.memory_info().rss, "threads": proc.num_threads()}
+            return {
+                "cpu": cpu.user + cpu.system,
+                "rss": proc.memory_info().rss,
+                "threads": proc.num_threads(),
+            }
     return None
 
 
@@ -49,9 +53,15 @@ def run(seconds: float, work: Path, log) -> dict[str, Any]:
             if a is None or b is None:
                 result[mode] = {"error": "the launcher exited early"}
                 continue
-            result[mode] = {"cpu_window_s": a["cpu"] - b["cpu"], "cpu_total_s": a["cpu"], "rss": a["rss"],
-                            "threads": a["threads"]}
-            log(f"steady: {mode}: {a['cpu'] - b['cpu']:.3f} s CPU in {seconds:.0f} s, rss {mib(a['rss'])}")
+            result[mode] = {
+                "cpu_window_s": a["cpu"] - b["cpu"],
+                "cpu_total_s": a["cpu"],
+                "rss": a["rss"],
+                "threads": a["threads"],
+            }
+            log(
+                f"steady: {mode}: {a['cpu'] - b['cpu']:.3f} s CPU in {seconds:.0f} s, rss {mib(a['rss'])}"
+            )
         for _, run in jobs.values():
             run.wait(15.0)
         result["codes"] = {mode: run.codes for mode, (_, run) in jobs.items()}
@@ -63,19 +73,36 @@ def run(seconds: float, work: Path, log) -> dict[str, Any]:
 
 def summarize(data: dict[str, Any]) -> tuple[Table, list[Target], dict[str, Any]]:
     seconds = data["seconds"]
-    table = Table(f"6. Steady state: launcher process while its {NPROC} ranks sleep {seconds:.0f} s "
-                  "(children excluded)", ["launcher", f"CPU in the {seconds:.0f} s window", "CPU % of one core",
-                                          "CPU since start", "RSS", "threads"])
+    table = Table(
+        f"6. Steady state: launcher process while its {NPROC} ranks sleep {seconds:.0f} s "
+        "(children excluded)",
+        [
+            "launcher",
+            f"CPU in the {seconds:.0f} s window",
+            "CPU % of one core",
+            "CPU since start",
+            "RSS",
+            "threads",
+        ],
+    )
     summary = {}
     for mode in ("ours", "torchrun"):
         row = data.get(mode)
         if not row or "error" in row:
             table.add(mode, (row or data).get("error", "not run"), "-", "-", "-", "-")
             continue
-        table.add(mode, f"{row['cpu_window_s']:.3f} s", f"{100 * row['cpu_window_s'] / seconds:.2f} %",
-                  f"{row['cpu_total_s']:.2f} s", mib(row["rss"]), row["threads"])
+        table.add(
+            mode,
+            f"{row['cpu_window_s']:.3f} s",
+            f"{100 * row['cpu_window_s'] / seconds:.2f} %",
+            f"{row['cpu_total_s']:.2f} s",
+            mib(row["rss"]),
+            row["threads"],
+        )
         summary[mode] = row
-    table.notes.append("psutil cpu_times (user+system) of the launcher process itself, sampled when every rank "
-                       "was up (+0.5 s) and again after the window; RSS at the end of the window. Both launchers "
-                       "ran at the same time, one node × 2 ranks each.")
+    table.notes.append(
+        "psutil cpu_times (user+system) of the launcher process itself, sampled when every rank "
+        "was up (+0.5 s) and again after the window; RSS at the end of the window. Both launchers "
+        "ran at the same time, one node × 2 ranks each."
+    )
     return table, [], summary

@@ -28,7 +28,9 @@ def _rank_processes(where: Path) -> int:
     return alive
 
 
-def one_run(mode: str, work: Path, rep: int, cap: float, during: Callable[[], None] | None = None) -> dict[str, Any]:
+def one_run(
+    mode: str, work: Path, rep: int, cap: float, during: Callable[[], None] | None = None
+) -> dict[str, Any]:
     where = work / f"teardown-{mode}-{rep}"
     where.mkdir()
     prog = [c.program("ready_rank"), str(where), str(FAIL_RANK), "0"]
@@ -46,42 +48,74 @@ def one_run(mode: str, work: Path, rep: int, cap: float, during: Callable[[], No
                 during()  # other work that fits in the idle cap (it only costs CPU seconds)
         run.wait(max(0.0, died + cap - time.time()))
         ends = [run.wall_ends.get(i) for i in range(len(cmds))]
-        result.update({
-            "ok": True, "exited": run.alive() == 0, "still_running": run.alive(),
-            "latency": max(ends) - died if run.alive() == 0 else None,
-            "first_exit": min(e for e in ends if e is not None) - died if any(ends) else None,
-            "codes": run.codes, "orphan_ranks": _rank_processes(where) if run.alive() == 0 else None,
-        })
+        result.update(
+            {
+                "ok": True,
+                "exited": run.alive() == 0,
+                "still_running": run.alive(),
+                "latency": max(ends) - died if run.alive() == 0 else None,
+                "first_exit": min(e for e in ends if e is not None) - died if any(ends) else None,
+                "codes": run.codes,
+                "orphan_ranks": _rank_processes(where) if run.alive() == 0 else None,
+            }
+        )
     finally:
         run.kill()
     return result
 
 
-def run(ours_reps: int, torchrun_reps: int, budget: c.Budget, work: Path, log,
-        during_torchrun_cap: Callable[[], None] | None = None) -> dict[str, Any]:
+def run(
+    ours_reps: int,
+    torchrun_reps: int,
+    budget: c.Budget,
+    work: Path,
+    log,
+    during_torchrun_cap: Callable[[], None] | None = None,
+) -> dict[str, Any]:
     """`during_torchrun_cap` runs once while torchrun's survivors idle towards the cap."""
     runs = []
     for mode, reps in (("ours", ours_reps), ("torchrun", torchrun_reps)):
         for rep in range(reps):
             if not budget.allows(rep, 1, CAP if mode == "torchrun" else 15.0):
                 break
-            during, during_torchrun_cap = (during_torchrun_cap, None) if mode == "torchrun" else (None, during_torchrun_cap)
+            during, during_torchrun_cap = (
+                (during_torchrun_cap, None) if mode == "torchrun" else (None, during_torchrun_cap)
+            )
             result = one_run(mode, work, rep, CAP, during)
             runs.append(result)
             if not result["ok"]:
                 log(f"teardown: {mode} rep {rep}: FAILED {result.get('error', '')[:300]}")
             elif result["exited"]:
-                log(f"teardown: {mode} rep {rep}: {secs(result['latency'])} codes {result['codes']}")
+                log(
+                    f"teardown: {mode} rep {rep}: {secs(result['latency'])} codes {result['codes']}"
+                )
             else:
-                log(f"teardown: {mode} rep {rep}: {result['still_running']} launcher(s) still running after {CAP:.0f} s")
-    return {"nodes": NODES, "nproc_per_node": NPROC, "fail_rank": FAIL_RANK, "cap_s": CAP, "runs": runs}
+                log(
+                    f"teardown: {mode} rep {rep}: {result['still_running']} launcher(s) still running after {CAP:.0f} s"
+                )
+    return {
+        "nodes": NODES,
+        "nproc_per_node": NPROC,
+        "fail_rank": FAIL_RANK,
+        "cap_s": CAP,
+        "runs": runs,
+    }
 
 
 def summarize(data: dict[str, Any]) -> tuple[Table, list[Target], dict[str, Any]]:
-    table = Table(f"2. Teardown latency ({data['nodes']} nodes × {data['nproc_per_node']} ranks; rank "
-                  f"{data['fail_rank']} on node 2 exits 1; death → every launcher exited)",
-                  ["launcher", "runs", "median", "min–max", "failing node's launcher exited after",
-                   "exit codes", "ranks left behind"])
+    table = Table(
+        f"2. Teardown latency ({data['nodes']} nodes × {data['nproc_per_node']} ranks; rank "
+        f"{data['fail_rank']} on node 2 exits 1; death → every launcher exited)",
+        [
+            "launcher",
+            "runs",
+            "median",
+            "min–max",
+            "failing node's launcher exited after",
+            "exit codes",
+            "ranks left behind",
+        ],
+    )
     summary: dict[str, Any] = {}
     targets = []
     for mode in ("ours", "torchrun"):
@@ -92,15 +126,29 @@ def summarize(data: dict[str, Any]) -> tuple[Table, list[Target], dict[str, Any]
         hung = [r for r in runs if not r["exited"]]
         first = median([r["first_exit"] for r in runs if r["first_exit"] is not None])
         med = median(done) if not hung else None
-        shown = secs(med) if not hung else (f"did not exit: {hung[0]['still_running']} of {data['nodes']} "
-                                            f"launchers still running after {data['cap_s']:.0f} s")
+        shown = (
+            secs(med)
+            if not hung
+            else (
+                f"did not exit: {hung[0]['still_running']} of {data['nodes']} "
+                f"launchers still running after {data['cap_s']:.0f} s"
+            )
+        )
         orphans = [r["orphan_ranks"] for r in runs if r.get("orphan_ranks") is not None]
-        table.add(mode, len(runs), shown, spread(done) if done else "-", secs(first),
-                  " ".join("killed" if x is None else str(x) for x in runs[-1]["codes"]),
-                  max(orphans) if orphans else "-")
+        table.add(
+            mode,
+            len(runs),
+            shown,
+            spread(done) if done else "-",
+            secs(first),
+            " ".join("killed" if x is None else str(x) for x in runs[-1]["codes"]),
+            max(orphans) if orphans else "-",
+        )
         summary[mode] = {"median": med, "did_not_exit": len(hung), "first_exit": first}
         if mode == "ours":
-            targets.append(Target("teardown latency", "≤ 2 s", shown, med is not None and med <= 2.0))
+            targets.append(
+                Target("teardown latency", "≤ 2 s", shown, med is not None and med <= 2.0)
+            )
     table.notes += [
         "The failing rank waits until every rank of the world has started, writes time.time() to a file and "
         "exits 1; the other ranks sleep (a rank stuck in a collective looks the same to a launcher).",

@@ -13,9 +13,13 @@ from bench import launchers, spew
 from bench.stats import Table, Target, median, mib, rate, ratio, spread, times
 
 MODES = ("direct", "pipe", "ours", "ours-quiet", "torchrun")
-MODE_NAMES = {"direct": "direct to file (no launcher)", "pipe": "through a pipe to `cat > file` (any pipe tee's ceiling)",
-              "ours": "ours, console on (→ /dev/null)",
-              "ours-quiet": "ours, --console-ranks none", "torchrun": "torchrun --tee 3 (console → /dev/null)"}
+MODE_NAMES = {
+    "direct": "direct to file (no launcher)",
+    "pipe": "through a pipe to `cat > file` (any pipe tee's ceiling)",
+    "ours": "ours, console on (→ /dev/null)",
+    "ours-quiet": "ours, --console-ranks none",
+    "torchrun": "torchrun --tee 3 (console → /dev/null)",
+}
 BUFFERED = {"PYTHONUNBUFFERED": ""}  # empty = unset for Python; the agent keeps an inherited value
 LINE_BYTES = 64
 BULK_CHUNK = 1 << 20
@@ -23,32 +27,77 @@ BULK_CHUNK = 1 << 20
 
 def cases(lines: int, bulk_mib: int) -> list[dict[str, Any]]:
     return [
-        {"name": f"{lines // 1000}k lines × 1 rank", "key": "lines-1", "mode": "lines", "count": lines,
-         "size": LINE_BYTES, "nproc": 1, "env": BUFFERED, "rounds": 3},
-        {"name": f"{lines // 1000}k lines × 8 ranks", "key": "lines-8", "mode": "lines", "count": lines,
-         "size": LINE_BYTES, "nproc": 8, "env": BUFFERED, "rounds": 1,
-         "modes": ("direct", "ours", "ours-quiet", "torchrun")},
-        {"name": f"{bulk_mib} MiB, no newline, 1 MiB writes × 1 rank", "key": "bulk-1", "mode": "bulk",
-         "count": bulk_mib << 20, "size": BULK_CHUNK, "nproc": 1, "env": BUFFERED, "rounds": 3},
+        {
+            "name": f"{lines // 1000}k lines × 1 rank",
+            "key": "lines-1",
+            "mode": "lines",
+            "count": lines,
+            "size": LINE_BYTES,
+            "nproc": 1,
+            "env": BUFFERED,
+            "rounds": 3,
+        },
+        {
+            "name": f"{lines // 1000}k lines × 8 ranks",
+            "key": "lines-8",
+            "mode": "lines",
+            "count": lines,
+            "size": LINE_BYTES,
+            "nproc": 8,
+            "env": BUFFERED,
+            "rounds": 1,
+            "modes": ("direct", "ours", "ours-quiet", "torchrun"),
+        },
+        {
+            "name": f"{bulk_mib} MiB, no newline, 1 MiB writes × 1 rank",
+            "key": "bulk-1",
+            "mode": "bulk",
+            "count": bulk_mib << 20,
+            "size": BULK_CHUNK,
+            "nproc": 1,
+            "env": BUFFERED,
+            "rounds": 3,
+        },
     ]
 
 
 def unbuffered_case(lines: int) -> dict[str, Any]:
     """The agent's default env (PYTHONUNBUFFERED=1 for ranks): one write(2) per line."""
-    return {"name": f"{lines // 1000}k lines × 1 rank, unbuffered (agent default env)", "key": "lines-1-unbuf",
-            "mode": "lines", "count": lines, "size": LINE_BYTES, "nproc": 1, "env": {}, "rounds": 2,
-            "direct_env": {"PYTHONUNBUFFERED": "1"}, "modes": ("direct", "ours")}
+    return {
+        "name": f"{lines // 1000}k lines × 1 rank, unbuffered (agent default env)",
+        "key": "lines-1-unbuf",
+        "mode": "lines",
+        "count": lines,
+        "size": LINE_BYTES,
+        "nproc": 1,
+        "env": {},
+        "rounds": 2,
+        "direct_env": {"PYTHONUNBUFFERED": "1"},
+        "modes": ("direct", "ours"),
+    }
 
 
-def _commands(mode: str, case: dict[str, Any], where: Path, work: Path, tag: str) -> list[launchers.Cmd]:
-    prog = [c.program("spew"), case["mode"], str(case["count"]), str(case["size"]), str(where),
-            str(case["rounds"])]
+def _commands(
+    mode: str, case: dict[str, Any], where: Path, work: Path, tag: str
+) -> list[launchers.Cmd]:
+    prog = [
+        c.program("spew"),
+        case["mode"],
+        str(case["count"]),
+        str(case["size"]),
+        str(where),
+        str(case["rounds"]),
+    ]
     if mode == "direct":
-        return launchers.floor(1, case["nproc"], prog, work, tag, case.get("direct_env", case["env"]))
+        return launchers.floor(
+            1, case["nproc"], prog, work, tag, case.get("direct_env", case["env"])
+        )
     if mode == "pipe":  # the same rank, its stdout through one pipe copied by cat (C) into the file
         cmds = launchers.floor(1, case["nproc"], prog, work, tag, case["env"])
-        return [(["sh", "-c", '"$@" | cat > "$0"', str(out), *argv], env, Path(os.devnull))
-                for argv, env, out in cmds]
+        return [
+            (["sh", "-c", '"$@" | cat > "$0"', str(out), *argv], env, Path(os.devnull))
+            for argv, env, out in cmds
+        ]
     devnull = Path(os.devnull)
     if mode == "torchrun":
         extra = ["--tee", "3", "--log-dir", str(where / "torchrun-logs")]
@@ -59,13 +108,16 @@ def _commands(mode: str, case: dict[str, Any], where: Path, work: Path, tag: str
     return [(argv, env, devnull) for argv, env, _ in cmds]
 
 
-def _rank_files(mode: str, case: dict[str, Any], where: Path, work: Path, tag: str,
-                cmds: list[launchers.Cmd]) -> list[Path]:
+def _rank_files(
+    mode: str, case: dict[str, Any], where: Path, work: Path, tag: str, cmds: list[launchers.Cmd]
+) -> list[Path]:
     n = case["nproc"]
     if mode in ("direct", "pipe"):
         return [cmd[2] for cmd in launchers_floor_files(cmds, mode)]
     if mode == "torchrun":
-        found = sorted(where.glob("torchrun-logs/*/attempt_0/*/stdout.log"), key=lambda p: int(p.parent.name))
+        found = sorted(
+            where.glob("torchrun-logs/*/attempt_0/*/stdout.log"), key=lambda p: int(p.parent.name)
+        )
         return found if len(found) == n else []
     log_dir = launchers.ours_log_dir(work, tag)
     return [log_dir / f"rank-{r:05d}.out" for r in range(n)]
@@ -82,11 +134,19 @@ def one_run(mode: str, case: dict[str, Any], work: Path, rep: int, expect: dict)
     where.mkdir()
     cmds = _commands(mode, case, where, work, tag)
     run = c.run_all(cmds, work, timeout=180)
-    result: dict[str, Any] = {"mode": mode, "case": case["key"], "rep": rep, "codes": run.codes, "ok": False}
+    result: dict[str, Any] = {
+        "mode": mode,
+        "case": case["key"],
+        "rep": rep,
+        "codes": run.codes,
+        "ok": False,
+    }
     files = _rank_files(mode, case, where, work, tag, cmds)
     n = case["nproc"]
     if len(files) != n:
-        result["error"] = f"found {len(files)} rank files, expected {n}; launcher output: {c.tail(cmds[0][2])}"
+        result["error"] = (
+            f"found {len(files)} rank files, expected {n}; launcher output: {c.tail(cmds[0][2])}"
+        )
         return result
     rounds = case["rounds"]
     try:
@@ -101,14 +161,20 @@ def one_run(mode: str, case: dict[str, Any], work: Path, rep: int, expect: dict)
     # Every round but the last ends when the ranks' writes returned (the pipe holds at most its
     # buffer); the last one ends when the last byte reached the files.
     round_s = [max(t1[r]) - min(t0[r]) for r in range(rounds - 1)] + [max(ends) - min(t0[-1])]
-    result.update({
-        "ok": all(code == 0 for code in run.codes), "intact": got == want,
-        "lost_bytes": sum(max(0, w[0] - g[0]) for g, w in zip(got, want, strict=True)),
-        "extra_bytes": sum(max(0, g[0] - w[0]) for g, w in zip(got, want, strict=True)),
-        "bytes": sum(g[0] for g in got), "round_bytes": sum(g[0] for g in got) // rounds,
-        "round_lines": case["count"] * n if case["mode"] == "lines" else 0,
-        "round_s": round_s, "to_file_s": round_s[-1], "rank_side_s": max(t1[-1]) - min(t0[-1]),
-    })
+    result.update(
+        {
+            "ok": all(code == 0 for code in run.codes),
+            "intact": got == want,
+            "lost_bytes": sum(max(0, w[0] - g[0]) for g, w in zip(got, want, strict=True)),
+            "extra_bytes": sum(max(0, g[0] - w[0]) for g, w in zip(got, want, strict=True)),
+            "bytes": sum(g[0] for g in got),
+            "round_bytes": sum(g[0] for g in got) // rounds,
+            "round_lines": case["count"] * n if case["mode"] == "lines" else 0,
+            "round_s": round_s,
+            "to_file_s": round_s[-1],
+            "rank_side_s": max(t1[-1]) - min(t0[-1]),
+        }
+    )
     for path in files:  # the disk is shared; a run's 64-512 MiB go as soon as they are checked
         path.unlink(missing_ok=True)
     shutil.rmtree(where, ignore_errors=True)
@@ -135,9 +201,13 @@ def run(reps: int, lines: int, bulk_mib: int, budget: c.Budget, work: Path, log)
                 runs.append(result)
                 if result["ok"]:
                     shown = " ".join(f"{x:.2f}" for x in result["round_s"])
-                    log(f"tee: {case['key']:14s} {mode:10s} rep {rep}: rounds {shown} s, intact={result['intact']}")
+                    log(
+                        f"tee: {case['key']:14s} {mode:10s} rep {rep}: rounds {shown} s, intact={result['intact']}"
+                    )
                 else:
-                    log(f"tee: {case['key']} {mode} rep {rep}: FAILED {result.get('error', result['codes'])}")
+                    log(
+                        f"tee: {case['key']} {mode} rep {rep}: FAILED {result.get('error', result['codes'])}"
+                    )
     return {"cases": todo, "runs": runs}
 
 
@@ -148,15 +218,29 @@ def _per_s(case: dict[str, Any], runs: list[dict[str, Any]]) -> list[float]:
 
 
 def summarize(data: dict[str, Any]) -> tuple[Table, list[Target], dict[str, Any]]:
-    table = Table("4. Tee throughput (to the per-rank files; median of samples; ratio = mode / direct)",
-                  ["case", "mode", "samples", "throughput (min–max)", "vs direct", "rank busy writing",
-                   "bytes checked", "lost bytes"])
+    table = Table(
+        "4. Tee throughput (to the per-rank files; median of samples; ratio = mode / direct)",
+        [
+            "case",
+            "mode",
+            "samples",
+            "throughput (min–max)",
+            "vs direct",
+            "rank busy writing",
+            "bytes checked",
+            "lost bytes",
+        ],
+    )
     summary: dict[str, Any] = {}
     targets = []
     for case in data["cases"]:
         base = None
         for mode in case.get("modes", MODES):
-            runs = [r for r in data["runs"] if r["case"] == case["key"] and r["mode"] == mode and r["ok"]]
+            runs = [
+                r
+                for r in data["runs"]
+                if r["case"] == case["key"] and r["mode"] == mode and r["ok"]
+            ]
             if not runs:
                 continue
             speeds = _per_s(case, runs)
@@ -165,17 +249,27 @@ def summarize(data: dict[str, Any]) -> tuple[Table, list[Target], dict[str, Any]
             rel = ratio(value, base) if mode != "direct" else None
             intact = all(r["intact"] for r in runs)
             unit = "lines" if case["mode"] == "lines" else "B"
-            table.add(case["name"], MODE_NAMES[mode], f"{len(runs)} run(s) × {case['rounds']}",
-                      f"{rate(value).replace('/s', f' {unit}/s')}"
-                      + (f" ({spread([s / 1e6 for s in speeds])} M)" if len(speeds) > 1 else ""),
-                      times(rel) if rel else "1.00×", f"{median([r['rank_side_s'] for r in runs]):.2f} s",
-                      f"{mib(runs[-1]['bytes'])} {'identical' if intact else 'DIFFER'}",
-                      sum(r["lost_bytes"] for r in runs))
+            table.add(
+                case["name"],
+                MODE_NAMES[mode],
+                f"{len(runs)} run(s) × {case['rounds']}",
+                f"{rate(value).replace('/s', f' {unit}/s')}"
+                + (f" ({spread([s / 1e6 for s in speeds])} M)" if len(speeds) > 1 else ""),
+                times(rel) if rel else "1.00×",
+                f"{median([r['rank_side_s'] for r in runs]):.2f} s",
+                f"{mib(runs[-1]['bytes'])} {'identical' if intact else 'DIFFER'}",
+                sum(r["lost_bytes"] for r in runs),
+            )
             summary[f"{case['key']}/{mode}"] = {"per_s": value, "vs_direct": rel, "intact": intact}
             if mode in ("ours", "ours-quiet") and case["key"] != "lines-1-unbuf":
-                targets.append(Target(f"tee {case['key']} ({mode})", "≥ 0.9 × direct, 0 bytes lost",
-                                      f"{times(rel)}, lost {sum(r['lost_bytes'] for r in runs)}",
-                                      rel is not None and rel >= 0.9 and intact))
+                targets.append(
+                    Target(
+                        f"tee {case['key']} ({mode})",
+                        "≥ 0.9 × direct, 0 bytes lost",
+                        f"{times(rel)}, lost {sum(r['lost_bytes'] for r in runs)}",
+                        rel is not None and rel >= 0.9 and intact,
+                    )
+                )
     table.notes += [
         "A rank writes its stream `rounds` times back to back (samples = runs × rounds). A round's time runs from "
         "the rank's clock just before its first write to: its last write returning (pipe back-pressure means "

@@ -113,8 +113,10 @@ def average_busbw(rows: Sequence[Row]) -> float:
 def format_table(rows: Sequence[Row]) -> str:
     """A markdown table, right-aligned: size, count, type, time (us), algbw and busbw (GB/s)."""
     header = ("size (B)", "count", "type", "time (us)", "algbw (GB/s)", "busbw (GB/s)")
-    cells = [(str(r.size), str(r.count), r.type, f"{r.time_us:.1f}", f"{r.algbw:.3f}", f"{r.busbw:.3f}")
-             for r in rows]
+    cells = [
+        (str(r.size), str(r.count), r.type, f"{r.time_us:.1f}", f"{r.algbw:.3f}", f"{r.busbw:.3f}")
+        for r in rows
+    ]
     widths = [max(len(c[i]) for c in (header, *cells)) for i in range(len(header))]
 
     def line(values: Sequence[str]) -> str:
@@ -126,8 +128,13 @@ def format_table(rows: Sequence[Row]) -> str:
 
 def report(rows: Sequence[Row], ranks: int, meta: dict[str, Any]) -> dict[str, Any]:
     """What --json writes."""
-    return {**meta, "world_size": ranks, "bus_factor": bus_factor(ranks),
-            "avg_busbw": average_busbw(rows), "rows": [asdict(r) for r in rows]}
+    return {
+        **meta,
+        "world_size": ranks,
+        "bus_factor": bus_factor(ranks),
+        "avg_busbw": average_busbw(rows),
+        "rows": [asdict(r) for r in rows],
+    }
 
 
 # --- the benchmark (torch from here on) ---------------------------------------------------
@@ -135,7 +142,9 @@ def report(rows: Sequence[Row], ranks: int, meta: dict[str, Any]) -> dict[str, A
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--min-bytes", type=parse_size, default=KIB, help="smallest message (default 1K)")
+    p.add_argument(
+        "--min-bytes", type=parse_size, default=KIB, help="smallest message (default 1K)"
+    )
     p.add_argument("--max-bytes", type=parse_size, default=GIB, help="largest message (default 1G)")
     p.add_argument("--factor", type=int, default=2, help="size multiplier between rows (default 2)")
     p.add_argument("--warmup", type=int, default=5, help="untimed all-reduces per size (default 5)")
@@ -188,7 +197,9 @@ def check_sum(tensor: torch.Tensor, ranks: int, rank: int) -> None:
             raise RuntimeError(f"all_reduce gave {value}, expected {expected}")
 
 
-def time_all_reduce(tensor: torch.Tensor, warmup: int, iters: int, sync: Callable[[], None]) -> float:
+def time_all_reduce(
+    tensor: torch.Tensor, warmup: int, iters: int, sync: Callable[[], None]
+) -> float:
     """Seconds per all-reduce, the slowest rank's average over `iters`."""
     import torch
     import torch.distributed as dist
@@ -210,9 +221,11 @@ def time_all_reduce(tensor: torch.Tensor, warmup: int, iters: int, sync: Callabl
 def header(ranks: int, meta: dict[str, Any], sizes: Sequence[int], cap: int, max_bytes: int) -> str:
     span = f"{format_size(sizes[0])}..{format_size(sizes[-1])}" if sizes else "none"
     capped = f" (--max-bytes capped to {cap} B by free memory)" if cap < max_bytes else ""
-    return (f"# all_reduce: {ranks} ranks ({meta['nnodes']} nodes x {meta['nproc_per_node']}), "
-            f"{meta['backend']}, {meta['dtype']}, warmup {meta['warmup']}, iters {meta['iters']}, "
-            f"sizes {span}{capped}")
+    return (
+        f"# all_reduce: {ranks} ranks ({meta['nnodes']} nodes x {meta['nproc_per_node']}), "
+        f"{meta['backend']}, {meta['dtype']}, warmup {meta['warmup']}, iters {meta['iters']}, "
+        f"sizes {span}{capped}"
+    )
 
 
 def pick_device() -> torch.device:
@@ -221,7 +234,9 @@ def pick_device() -> torch.device:
     if not torch.cuda.is_available():
         return torch.device("cpu")
     # modulo: under srun --gpus-per-task each rank sees only its own GPU, as cuda:0
-    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
+    device = torch.device(
+        "cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count()
+    )
     torch.cuda.set_device(device)
     return device
 
@@ -253,21 +268,31 @@ def run(args: argparse.Namespace) -> int:
     dist.init_process_group(backend)
     cap = agreed_cap(args.max_bytes, device)
     sizes = message_sizes(args.min_bytes, cap, args.factor)
-    meta = {"backend": backend, "dtype": args.dtype, "warmup": args.warmup, "iters": args.iters,
-            "nnodes": int(os.environ.get("GROUP_WORLD_SIZE", "1")),
-            "nproc_per_node": int(os.environ.get("LOCAL_WORLD_SIZE", "1"))}
+    meta = {
+        "backend": backend,
+        "dtype": args.dtype,
+        "warmup": args.warmup,
+        "iters": args.iters,
+        "nnodes": int(os.environ.get("GROUP_WORLD_SIZE", "1")),
+        "nproc_per_node": int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
+    }
     if rank == 0:
         print(header(ranks, meta, sizes, cap, args.max_bytes), flush=True)
     rows = measure(sizes, args, device)
     dist.destroy_process_group()
     if rank == 0:
         print(format_table(rows))
-        print(f"# avg busbw: {average_busbw(rows):.3f} GB/s (bus factor 2(n-1)/n = {bus_factor(ranks):.4f})")
+        print(
+            f"# avg busbw: {average_busbw(rows):.3f} GB/s (bus factor 2(n-1)/n = {bus_factor(ranks):.4f})"
+        )
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(report(rows, ranks, meta), f, indent=1)
     if not sizes:
-        print("allreduce_bench: no message size fits: raise --max-bytes or free memory", file=sys.stderr)
+        print(
+            "allreduce_bench: no message size fits: raise --max-bytes or free memory",
+            file=sys.stderr,
+        )
         return 1
     return 0
 

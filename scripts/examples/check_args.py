@@ -9,9 +9,18 @@ import os
 import sys
 
 REQUIRED = (
-    "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK",
-    "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_ERROR_FILE",
-    "CUDA_DEVICE_ORDER", "AGENT_CONFIG",
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "NODE_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "TORCHELASTIC_RESTART_COUNT",
+    "TORCHELASTIC_ERROR_FILE",
+    "CUDA_DEVICE_ORDER",
+    "AGENT_CONFIG",
 )
 
 
@@ -48,10 +57,18 @@ def main() -> None:
     if int(total.item()) != expected:
         fail(f"all_reduce of ranks gave {int(total.item())}, expected {expected}")
     report = {
-        "rank": rank, "local_rank": local_rank, "world_size": world, "local_world_size": local_world,
-        "group_rank": node, "node_rank": int(os.environ["NODE_RANK"]), "master_addr": os.environ["MASTER_ADDR"],
-        "master_port": os.environ["MASTER_PORT"], "restart_count": int(os.environ["TORCHELASTIC_RESTART_COUNT"]),
-        "all_reduce": int(total.item()), "backend": backend, "config_keys": sorted(config),
+        "rank": rank,
+        "local_rank": local_rank,
+        "world_size": world,
+        "local_world_size": local_world,
+        "group_rank": node,
+        "node_rank": int(os.environ["NODE_RANK"]),
+        "master_addr": os.environ["MASTER_ADDR"],
+        "master_port": os.environ["MASTER_PORT"],
+        "restart_count": int(os.environ["TORCHELASTIC_RESTART_COUNT"]),
+        "all_reduce": int(total.item()),
+        "backend": backend,
+        "config_keys": sorted(config),
         "argv": sys.argv[1:],
     }
     print("check_args: OK " + json.dumps(report, sort_keys=True))

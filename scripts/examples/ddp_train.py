@@ -71,7 +71,9 @@ def hyper_from_config(config: Mapping[str, Any], base: Hyper = Hyper()) -> Hyper
 
 def hyper_from_args(args: argparse.Namespace, base: Hyper) -> Hyper:
     """Command-line values win over the config's."""
-    given = {k: v for k, v in vars(args).items() if k in Hyper.__dataclass_fields__ and v is not None}
+    given = {
+        k: v for k, v in vars(args).items() if k in Hyper.__dataclass_fields__ and v is not None
+    }
     return replace(base, **given)
 
 
@@ -79,9 +81,16 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--epochs", type=int, help=f"passes over the data (default {Hyper.epochs})")
     p.add_argument("--samples", type=int, help="synthetic samples in all (config num_samples)")
-    p.add_argument("--micro-batch", dest="micro_batch", type=int, help="batch per rank (config train_micro_batch_size_per_gpu)")
+    p.add_argument(
+        "--micro-batch",
+        dest="micro_batch",
+        type=int,
+        help="batch per rank (config train_micro_batch_size_per_gpu)",
+    )
     p.add_argument("--lr", type=float, help="learning rate (config optimizer.params.lr)")
-    p.add_argument("--out", default=os.environ.get("AGENT_LOG_DIR") or os.getcwd(), help="checkpoint directory")
+    p.add_argument(
+        "--out", default=os.environ.get("AGENT_LOG_DIR") or os.getcwd(), help="checkpoint directory"
+    )
     return p.parse_args(argv)
 
 
@@ -148,19 +157,27 @@ def train(hyper: Hyper, out_dir: str, config_path: str | None) -> int:
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     cuda = torch.cuda.is_available()
     # modulo: under srun --gpus-per-task each rank sees only its own GPU, as cuda:0
-    device = torch.device("cuda", local_rank % torch.cuda.device_count()) if cuda else torch.device("cpu")
+    device = (
+        torch.device("cuda", local_rank % torch.cuda.device_count())
+        if cuda
+        else torch.device("cpu")
+    )
     if cuda:
         torch.cuda.set_device(device)
     dist.init_process_group("nccl" if cuda else "gloo")
     torch.manual_seed(hyper.seed)
     if rank == 0:
-        print(f"ddp_train: {world} ranks, {asdict(hyper)} (config {config_path or 'none'})", flush=True)
+        print(
+            f"ddp_train: {world} ranks, {asdict(hyper)} (config {config_path or 'none'})",
+            flush=True,
+        )
 
     data = TensorDataset(*synthetic_data(hyper.samples, hyper.seed))
     sampler = DistributedSampler(data, num_replicas=world, rank=rank, shuffle=True, seed=hyper.seed)
     loader = DataLoader(data, batch_size=hyper.micro_batch, sampler=sampler)
-    net = torch.nn.Sequential(torch.nn.Linear(FEATURES, hyper.hidden), torch.nn.ReLU(),
-                              torch.nn.Linear(hyper.hidden, 1)).to(device)
+    net = torch.nn.Sequential(
+        torch.nn.Linear(FEATURES, hyper.hidden), torch.nn.ReLU(), torch.nn.Linear(hyper.hidden, 1)
+    ).to(device)
     model = DDP(net, device_ids=[device.index] if cuda else None)
     optimizer = make_optimizer(hyper, model.parameters())
     loss_fn = torch.nn.MSELoss()
@@ -181,8 +198,13 @@ def train(hyper: Hyper, out_dir: str, config_path: str | None) -> int:
 
     in_sync = params_in_sync(model, device)
     if rank == 0:
-        state = {"model": net.state_dict(), "optimizer": optimizer.state_dict(),
-                 "epochs": hyper.epochs, "world_size": world, "hyper": asdict(hyper)}
+        state = {
+            "model": net.state_dict(),
+            "optimizer": optimizer.state_dict(),
+            "epochs": hyper.epochs,
+            "world_size": world,
+            "hyper": asdict(hyper),
+        }
         print(f"saved checkpoint {save_checkpoint(out_dir, state)}", flush=True)
     dist.barrier()
     dist.destroy_process_group()

@@ -29,11 +29,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     env_local = os.environ.get("LOCAL_RANK")
     if env_local is None or int(env_local) != args.local_rank:
-        print(f"deepspeed_style: FAIL: --local_rank={args.local_rank} but LOCAL_RANK={env_local}",
-              file=sys.stderr)
+        print(
+            f"deepspeed_style: FAIL: --local_rank={args.local_rank} but LOCAL_RANK={env_local}",
+            file=sys.stderr,
+        )
         return 1
-    report = {"local_rank": args.local_rank, "rank": int(os.environ["RANK"]), "tag": args.tag,
-              "argv": sys.argv[1:]}
+    report = {
+        "local_rank": args.local_rank,
+        "rank": int(os.environ["RANK"]),
+        "tag": args.tag,
+        "argv": sys.argv[1:],
+    }
     print("deepspeed_style: OK " + json.dumps(report, sort_keys=True), flush=True)
     return 0
 

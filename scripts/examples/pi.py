@@ -40,8 +40,12 @@ def trapezoid(first: int, last: int, intervals: int) -> float:
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--intervals", type=int, default=1_000_000, help="trapezoids in all (default 1e6)")
-    p.add_argument("--tolerance", type=float, default=1e-6, help="largest acceptable |pi - math.pi|")
+    p.add_argument(
+        "--intervals", type=int, default=1_000_000, help="trapezoids in all (default 1e6)"
+    )
+    p.add_argument(
+        "--tolerance", type=float, default=1e-6, help="largest acceptable |pi - math.pi|"
+    )
     return p.parse_args(argv)
 
 
@@ -54,7 +58,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     device = torch.device("cpu")
     if torch.cuda.is_available():
         # modulo: under srun --gpus-per-task each rank sees only its own GPU, as cuda:0
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
+        device = torch.device(
+            "cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count()
+        )
         torch.cuda.set_device(device)
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     try:
@@ -66,7 +72,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         dist.destroy_process_group()
     error = abs(pi - math.pi)
     if rank == 0:
-        print(f"pi={pi:.15f} error={error:.3e} ranks={world} intervals={args.intervals}", flush=True)
+        print(
+            f"pi={pi:.15f} error={error:.3e} ranks={world} intervals={args.intervals}", flush=True
+        )
     if error > args.tolerance:
         print(f"pi: error {error:.3e} is above the tolerance {args.tolerance:g}", file=sys.stderr)
         return 1

@@ -1,0 +1,224 @@
+"""Rank pipes → rank files (raw bytes, nothing lost) + `host:rank` prefixed console lines.
+
+One reader thread per node multiplexes every pipe with a selector and large reads; files get the
+bytes synchronously. The console is a view: lines go through a bounded queue to one writer thread,
+and when the console cannot keep up, lines are dropped from the console only (counted, announced),
+so a slow terminal never blocks a rank.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import fcntl
+import os
+import queue
+import selectors
+import threading
+import time
+from dataclasses import dataclass
+from typing import BinaryIO
+
+_READ = 1 << 20
+_PIPE_SIZE = 1 << 20  # a chatty rank then blocks and wakes us 16x less often than with 64 KiB
+_MAX_PARTIAL = 1 << 16  # a console line longer than this is shown in pieces
+_TAIL_BYTES = 8192
+PALETTE = (36, 33, 32, 35, 34, 31, 96, 93, 92, 95, 94, 91)  # ANSI colours, one per rank (mod 12)
+
+
+@dataclass(frozen=True)
+class Stream:
+    rank: int
+    name: str  # "out" | "err"
+    path: str
+    prefix: bytes  # b"host:rank: ", maybe coloured
+    to_console: bool
+
+
+class _State:
+    def __init__(self, stream: Stream, file_fd: int) -> None:
+        self.stream = stream
+        self.file_fd = file_fd
+        self.partial = b""
+        self.tail = collections.deque[bytes]()
+        self.tail_size = 0
+        self.done = threading.Event()
+        self.last_output = time.monotonic()
+        self.bytes = 0
+        # Nothing to look at in the bytes (stdout, console off): move them pipe → file in the kernel.
+        self.splice = stream.name == "out" and not stream.to_console and hasattr(os, "splice")
+
+
+class LogRouter:
+    def __init__(
+        self, console_out: BinaryIO, console_err: BinaryIO, console_depth: int = 2048
+    ) -> None:
+        self._targets = {"out": console_out, "err": console_err}
+        self._selector = selectors.DefaultSelector()
+        self._wake_r, self._wake_w = os.pipe()
+        self._selector.register(self._wake_r, selectors.EVENT_READ, None)
+        self._pending: list[tuple[int, _State]] = []
+        self._lock = threading.Lock()
+        self._states: list[_State] = []
+        self._console: queue.Queue[tuple[str, tuple[bytes | memoryview, ...]] | None]
+        self._console = queue.Queue(console_depth)
+        self._dropped: collections.Counter[int] = collections.Counter()
+        self._closing = False
+        self._reader = threading.Thread(target=self._read_loop, name="log-reader", daemon=True)
+        self._writer = threading.Thread(target=self._write_loop, name="console", daemon=True)
+        self._reader.start()
+        self._writer.start()
+
+    def add(self, pipe_fd: int, stream: Stream) -> _State:
+        """Route one pipe; the file is created (appending) before any byte arrives."""
+        # Not O_APPEND (splice refuses it); this thread is the file's only writer.
+        file_fd = os.open(stream.path, os.O_WRONLY | os.O_CREAT, 0o644)
+        os.lseek(file_fd, 0, os.SEEK_END)
+        if stream.name == "out":
+            with contextlib.suppress(OSError):  # over the per-user pipe quota: keep the default
+                fcntl.fcntl(pipe_fd, fcntl.F_SETPIPE_SZ, _PIPE_SIZE)
+        state = _State(stream, file_fd)
+        with self._lock:
+            self._pending.append((pipe_fd, state))
+            self._states.append(state)
+        os.write(self._wake_w, b"x")
+        return state
+
+    # -- reading --------------------------------------------------------------------------
+    def _read_loop(self) -> None:
+        while True:
+            for key, _ in self._selector.select():
+                if key.data is None:
+                    os.read(self._wake_r, 4096)
+                    if not self._register_pending():
+                        return
+                    continue
+                self._drain(key.fd, key.data)
+
+    def _register_pending(self) -> bool:
+        with self._lock:
+            pending, self._pending = self._pending, []
+            closing = self._closing
+        for fd, state in pending:
+            self._selector.register(fd, selectors.EVENT_READ, state)
+        return not (closing and len(self._selector.get_map()) == 1)
+
+    def _drain(self, fd: int, state: _State) -> None:
+        if state.splice and self._splice(fd, state):
+            return
+        try:
+            data = os.read(fd, _READ)
+        except OSError:
+            data = b""
+        if not data:
+            self._selector.unregister(fd)
+            os.close(fd)
+            self._finish(state)
+            return
+        _write_all(state.file_fd, data)
+        state.bytes += len(data)
+        state.last_output = time.monotonic()
+        if state.stream.name == "err":
+            self._keep_tail(state, data)
+        if state.stream.to_console:
+            self._to_console(state, data)
+
+    def _splice(self, fd: int, state: _State) -> bool:
+        """Move what the pipe holds straight into the file; False at EOF or if splice fails."""
+        try:
+            moved = os.splice(fd, state.file_fd, _READ)
+        except OSError:
+            state.splice = False  # e.g. a file system without splice: copy instead
+            return False
+        state.bytes += moved
+        state.last_output = time.monotonic()
+        return moved > 0
+
+    def _finish(self, state: _State) -> None:
+        if state.partial and state.stream.to_console:
+            self._enqueue(state, (state.stream.prefix, state.partial, b"\n"), b"\n")
+            state.partial = b""
+        os.close(state.file_fd)
+        state.done.set()
+        with self._lock:
+            if self._closing and len(self._selector.get_map()) == 1:
+                os.write(self._wake_w, b"x")
+
+    def _keep_tail(self, state: _State, data: bytes) -> None:
+        state.tail.append(data)
+        state.tail_size += len(data)
+        while state.tail_size - len(state.tail[0]) >= _TAIL_BYTES:
+            state.tail_size -= len(state.tail.popleft())
+
+    # -- console --------------------------------------------------------------------------
+    def _to_console(self, state: _State, data: bytes) -> None:
+        cut = data.rfind(b"\n")
+        if cut < 0:
+            state.partial += data
+            if len(state.partial) > _MAX_PARTIAL:
+                self._enqueue(state, (state.stream.prefix, state.partial, b"\n"), b"\n")
+                state.partial = b""
+            return
+        # The reader thread makes one copy (the replace) and hands the lines over as a view of it;
+        # the console thread joins the pieces, so each write is whole lines.
+        prefix = state.stream.prefix
+        body = data.replace(b"\n", b"\n" + prefix)
+        end = len(body) - (len(data) - cut - 1) - len(prefix)  # just after the last newline
+        self._enqueue(state, (prefix + state.partial, memoryview(body)[:end]), data)
+        state.partial = data[cut + 1 :]
+
+    def _enqueue(
+        self, state: _State, pieces: tuple[bytes | memoryview, ...], lines_in: bytes
+    ) -> None:
+        """Queue for the console; when it is behind, count the newlines of `lines_in` as dropped
+        (counted only then: the common path makes no extra pass over the bytes)."""
+        try:
+            self._console.put_nowait((state.stream.name, pieces))
+        except queue.Full:
+            self._dropped[state.stream.rank] += lines_in.count(b"\n")
+
+    def _write_loop(self) -> None:
+        while True:
+            item = self._console.get()
+            if item is None:
+                return
+            target = self._targets[item[0]]
+            try:
+                target.write(b"".join(item[1]))
+                if self._console.empty():
+                    target.flush()
+                    self._announce_drops()
+            except (OSError, ValueError):
+                pass  # a closed console must never stop the rank files
+
+    def _announce_drops(self) -> None:
+        if not self._dropped:
+            return
+        dropped, self._dropped = self._dropped, collections.Counter()
+        for rank, lines in sorted(dropped.items()):
+            self._targets["err"].write(
+                f"[agent] console too slow: {lines} lines of rank {rank} shown only in its log file\n".encode()
+            )
+        self._targets["err"].flush()
+
+    # -- queries and shutdown -------------------------------------------------------------
+    def close(self, timeout: float = 5.0) -> None:
+        """Wait for every pipe to reach EOF (bounded), then flush the console."""
+        deadline = time.monotonic() + timeout
+        for state in list(self._states):
+            state.done.wait(max(0.0, deadline - time.monotonic()))
+        with self._lock:
+            self._closing = True
+        os.write(self._wake_w, b"x")
+        self._reader.join(max(0.0, deadline - time.monotonic()))
+        self._console.put(None)
+        self._writer.join(timeout)
+        for target in self._targets.values():
+            with contextlib.suppress(OSError, ValueError):
+                target.flush()
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]

@@ -1,0 +1,46 @@
+"""What this node prints while its ranks run: prefixed rank lines, and the live table on a tty."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+from agent.console.router import PALETTE, LogRouter
+from agent.plan.options import Options
+from agent.plan.ranks import RankSpec, parse_rank_set
+
+
+class ConsoleView:
+    """One per attempt: a router for the ranks' pipes, and the live table when on a terminal."""
+
+    def __init__(self, options: Options) -> None:
+        self.colour = sys.stdout.isatty()
+        self.shown = parse_rank_set(options.console_ranks, "--console-ranks")
+        self.live = None
+        if self.colour and options.live:
+            from rich.console import Console
+
+            from agent.console.live import LiveView
+
+            self.live = LiveView(Console(), options.hang_warning)
+            self.router = LogRouter(self.live.stream(), self.live.stream())
+        else:
+            self.router = LogRouter(sys.stdout.buffer, sys.stderr.buffer)
+
+    def prefix(self, spec: RankSpec) -> bytes:
+        text = f"{spec.host}:{spec.rank}: "
+        if self.colour:
+            return f"\x1b[{PALETTE[spec.rank % len(PALETTE)]}m{text}\x1b[0m".encode()
+        return text.encode()
+
+    def shows(self, spec: RankSpec) -> bool:
+        return self.shown is None or spec.rank in self.shown
+
+    def started(self, workers: Sequence) -> None:
+        if self.live is not None:
+            self.live.start(workers)
+
+    def close(self) -> None:
+        self.router.close()
+        if self.live is not None:
+            self.live.stop()

@@ -1,0 +1,108 @@
+"""`python -m agent [OPTIONS] SCRIPT [CONFIG.yml ...] [ARGS...] [-- ARGS...]` → Command (pure)."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from agent.plan.options import OPTIONS
+from agent.usage import Parser
+
+_EPILOG = """\
+After SCRIPT, arguments ending in .yml/.yaml are configs (read on node 0 only); everything else,
+and everything after --, goes to the script verbatim. Other commands:
+  python -m agent logs LOG_DIR [--rank R] [--follow]   show or follow the rank files of a job
+  python -m agent exec -- CMD                           run CMD on every node, output collated
+  python -m agent doctor                                GPUs, NUMA, NICs, RoCE GIDs, NCCL hints
+Exit codes: 0 ok, 1 a rank failed, 2 bad input (nothing started), 3 rendezvous or peer lost,
+4 forged or altered store data, 128+N the agent got signal N."""
+
+
+@dataclass(frozen=True)
+class Command:
+    options: dict[str, Any]  # only the flags given on the command line
+    script: str
+    configs: tuple[str, ...]
+    script_args: tuple[str, ...]
+    overrides: tuple[str, ...]
+    dry_run: bool
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = Parser(
+        prog="python -m agent",
+        description="Launch and supervise one node's ranks of a PyTorch job.",
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,
+    )
+    for option in OPTIONS:
+        flag = "--" + option.name.replace("_", "-")
+        default = f" (default: {option.default})" if option.default not in (None, False) else ""
+        if option.kind is bool and option.default is True:
+            parser.add_argument(
+                "--no-" + flag[2:],
+                dest=option.name,
+                action="store_const",
+                const=False,
+                default=None,
+                help=f"turn off: {option.help}",
+            )
+        elif option.kind is bool:
+            parser.add_argument(
+                flag,
+                dest=option.name,
+                action="store_const",
+                const=True,
+                default=None,
+                help=option.help,
+            )
+        else:
+            parser.add_argument(
+                flag,
+                dest=option.name,
+                type=option.kind if option.kind is not str else None,
+                choices=option.choices or None,
+                default=None,
+                help=option.help + default,
+                metavar=option.name.upper() if not option.choices else None,
+            )
+    parser.add_argument(
+        "-m", dest="module", action="store_const", const=True, default=None, help="same as --module"
+    )
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config value, e.g. --set optimizer.lr=0.001 (repeatable)",
+    )
+    parser.add_argument(
+        "--dry-run", action="store_true", help="print the plan for every rank, start nothing"
+    )
+    parser.add_argument(
+        "script", help="the training script (or module with -m, program with --no-python)"
+    )
+    parser.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    return parser
+
+
+def parse(argv: Sequence[str]) -> Command:
+    ns = build_parser().parse_args(list(argv))
+    configs, script_args = split_rest(ns.rest)
+    options = {o.name: getattr(ns, o.name) for o in OPTIONS}
+    return Command(options, ns.script, configs, script_args, tuple(ns.overrides), ns.dry_run)
+
+
+def split_rest(rest: Sequence[str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    configs: list[str] = []
+    args: list[str] = []
+    for i, token in enumerate(rest):
+        if token == "--":
+            args += rest[i + 1 :]
+            break
+        (configs if token.endswith((".yml", ".yaml")) else args).append(token)
+    return tuple(configs), tuple(args)

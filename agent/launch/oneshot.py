@@ -1,0 +1,88 @@
+"""`python -m agent SCRIPT ...`: join, execute one run, leave (parse → plan → act)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from agent.errors import AgentError, PeerFailed
+from agent.launch.cli import Command
+from agent.node.agent import NodeAgent, NodeSettings, lost_store_error
+from agent.node.signals import Interrupted
+from agent.node.signing import load_secret
+from agent.plan.options import resolve
+from agent.plan.run_plan import Request, decide
+from agent.plan.topology import read_topology
+from agent.run.summary import node_failure
+from agent.world import WorldFlags, world_from_env
+
+
+def launch(command: Command, environ: Mapping[str, str]) -> int:
+    environ = dict(environ)  # the ranks' base env: a snapshot, untouched by what follows
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # the agent's own c10d chatter only
+    given = {k: v for k, v in command.options.items() if v is not None}
+    world = world_from_env(environ, _flags(given), hostname=socket.gethostname())
+    for handler in logging.getLogger().handlers:  # name the node, not the pid, in every message
+        handler.setFormatter(logging.Formatter(f"[agent {world.host}] %(message)s"))
+    options = resolve(given, {}, "the command line")  # every flag checked before anything
+    request = Request(
+        command.script, command.configs, command.script_args, command.overrides, given
+    )
+
+    def topology(root: str):
+        return read_topology(Path(root))
+
+    if command.dry_run:
+        from agent.launch.dryrun import print_plan
+
+        return print_plan(decide(request, world, environ, topology), world, environ, topology)
+    settings = NodeSettings(options.rdzv_timeout, options.heartbeat_timeout, options.master_port)
+    secret = load_secret(environ, Path.home())
+    agent = NodeAgent(world=world, settings=settings, secret=secret, environ=environ)
+    agent.signals.install()
+    try:
+        agent.connect()
+        plan = None
+        if agent.leader:
+            plan = decide(request, world, environ, topology)
+            agent.offer(0, plan)
+        agent.meet()
+        code = agent.execute(0, plan, topology)
+        agent.leave()
+        return code
+    except Interrupted as exc:
+        name = signal.Signals(exc.signum).name
+        record = _failure("signal", world, f"agent received {name}")
+        agent.farewell({**record, "signal": name}, record["how"])
+        return 128 + exc.signum
+    except AgentError as exc:
+        # Ours to tell, unless another node's failure (told already) is what ended us.
+        own = not isinstance(exc, PeerFailed)
+        record = _failure("setup", world, exc.message) if own else None
+        agent.farewell(record, exc.message, everyone=own)
+        raise
+    except (RuntimeError, OSError) as exc:  # torch's DistNetworkError & co: node 0 went away
+        raise lost_store_error(exc) from None
+    finally:
+        agent.close()
+
+
+def _failure(kind: str, world: Any, why: str) -> dict[str, Any]:
+    return node_failure(kind, world.node_rank, world.host, why, time.time())
+
+
+def _flags(given: Mapping[str, Any]) -> WorldFlags:
+    return WorldFlags(
+        source=given.get("world", "auto"),
+        nnodes=given.get("nnodes"),
+        node_rank=given.get("node_rank"),
+        master_addr=given.get("master_addr"),
+        master_port=given.get("master_port"),
+        job_id=given.get("job_id"),
+    )

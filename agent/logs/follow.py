@@ -1,0 +1,221 @@
+"""`agent logs` reading and following: prints selected rank files, then new lines as they arrive.
+
+Pure choices (which files, which prefix, how lines split) live in agent.logs.selection, the rank →
+host map in agent.logs.hosts; this module does the reading and the polling loop.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from typing import BinaryIO
+
+from agent.errors import AgentError
+from agent.logs.hosts import read_where
+from agent.logs.logdir import check_dir, list_names
+from agent.logs.selection import (
+    LogsCommand,
+    RankFile,
+    Where,
+    latest_attempt,
+    parse_name,
+    prefix,
+    split_lines,
+    wanted,
+)
+
+_CHUNK = 1 << 20  # bytes read per file per poll: one chatty rank cannot starve the others
+_STALE = 1.0  # seconds without growth before a partial line is shown
+_REMAP = 2.0  # seconds between re-reads of the rank → host sources while a rank is unnamed
+
+
+class _Followed:
+    """Reading state of one shown file."""
+
+    def __init__(self, file: RankFile, path: str, offset: int) -> None:
+        self.file = file
+        self.path = path
+        self.offset = offset
+        self.partial = b""
+        self.grown = time.monotonic()
+
+
+class Tail:
+    """The rank files of one log dir: scan, select, read what is new, print prefixed lines."""
+
+    def __init__(self, command: LogsCommand, out: BinaryIO, colour: bool) -> None:
+        self.command = command
+        self.selection = command.selection
+        self.out = out
+        self.colour = colour
+        self.where: dict[int, Where] = {}
+        self.where_read = -1e9
+        self.remap = _REMAP
+        self.seen: set[str] = set()  # every name in the dir that was looked at once
+        self.pending: list[RankFile] = []  # rank files waiting to learn their node (--node)
+        self.ordered: list[_Followed] = []  # the shown files, in rank order
+        self.unnamed = False  # some shown rank has no host yet: re-read the rank map now and then
+        self.latest: int | None = None  # fixed at the first scan that finds rank files
+        self.started = False
+
+    def run(self) -> int:
+        log_dir = self.command.log_dir
+        if not self.command.follow or os.path.exists(log_dir):
+            check_dir(log_dir)
+        if not self.command.follow:
+            self.poll(to_eof=True, final=True)
+            if not self.ordered:
+                print(
+                    f"agent logs: no rank file in {log_dir} matches the selection", file=sys.stderr
+                )
+            return 0
+        if not os.path.exists(log_dir):
+            print(f"agent logs: waiting for {log_dir} to appear (Ctrl-C to stop)", file=sys.stderr)
+        summary = os.path.join(log_dir, "summary.json")
+        before = _signature(summary)  # a summary.json from before we started does not count
+        try:
+            while True:
+                busy = self.poll(to_eof=not self.started)
+                self.started = True
+                if _signature(summary) != before:
+                    self.poll(to_eof=True, final=True)  # the job ended: all is in the files now
+                    return 0
+                if not busy:
+                    time.sleep(self.command.interval)
+        except KeyboardInterrupt:
+            self.flush_partials()
+            return 0
+
+    # -- one poll -------------------------------------------------------------------------
+    def poll(self, to_eof: bool, final: bool = False) -> bool:
+        """Scan, then read what is new in every shown file; True when a file had more to read.
+        final: nothing more will come, so a file's partial last line is shown right after it."""
+        names = list_names(self.command.log_dir)
+        fresh = [f for f in map(parse_name, set(names) - self.seen) if f is not None]
+        self.seen.update(names)
+        if fresh and self.latest is None:
+            self.latest = latest_attempt(fresh)
+        self.pending = sorted(self.pending + fresh, key=lambda f: f.order)
+        if self.pending or self.unnamed:
+            self._track(names)
+        busy = False
+        now = time.monotonic()
+        for followed in self.ordered:
+            busy |= self._read(followed, now, to_eof)
+            if final and followed.partial:
+                self._emit(followed, [followed.partial])
+                followed.partial = b""
+        self.out.flush()
+        return busy
+
+    def _track(self, names: list[str]) -> None:
+        """Decide on the pending files; those whose node is not known yet stay pending."""
+        named = self.command.prefix or self.selection.nodes is not None
+        if named and (self.unnamed or any(f.rank not in self.where for f in self.pending)):
+            self._load_where(names)
+        undecided = []
+        for file in self.pending:
+            shown = wanted(file, self.selection, self.where, self.latest or 0, self.command.follow)
+            if shown is None and not self.where and not self.command.follow:
+                raise AgentError(
+                    f"--node: nothing in {self.command.log_dir} says which node ran which rank "
+                    "(no ranks.json, summary.json or agent logs naming hosts); select with --rank"
+                )
+            if shown is None:
+                undecided.append(file)
+            elif shown:
+                path = os.path.join(self.command.log_dir, file.name)
+                self.ordered.append(_Followed(file, path, self._start_offset(path)))
+        self.pending = undecided if self.command.follow else []
+        self.ordered.sort(key=lambda f: f.file.order)
+        self.unnamed = self.command.prefix and any(
+            f.file.rank not in self.where for f in self.ordered
+        )
+
+    def _start_offset(self, path: str) -> int:
+        """Where a newly seen file is read from: its start, or its last --lines lines at startup."""
+        if self.command.lines is None or self.started:
+            return 0
+        return last_lines_offset(path, self.command.lines)
+
+    def _load_where(self, names: list[str]) -> None:
+        now = time.monotonic()
+        if now - self.where_read < self.remap:
+            return  # a rank that no source names must not make every poll re-read them all
+        self.where_read = now
+        before = len(self.where)
+        self.where = read_where(self.command.log_dir, names)
+        # Backs off while nothing new turns up (an agent that writes no ranks.json, say).
+        self.remap = _REMAP if len(self.where) > before else min(self.remap * 2, 60.0)
+
+    def _read(self, followed: _Followed, now: float, to_eof: bool) -> bool:
+        try:
+            size = os.stat(followed.path).st_size
+        except FileNotFoundError:
+            return False
+        if size < followed.offset:  # truncated or replaced: start over
+            followed.offset, followed.partial = 0, b""
+        if size == followed.offset:
+            if followed.partial and now - followed.grown >= _STALE:
+                self._emit(followed, [followed.partial])
+                followed.partial = b""
+            return False
+        followed.grown = now
+        limit = size if to_eof else min(size, followed.offset + _CHUNK)
+        with open(followed.path, "rb") as f:
+            f.seek(followed.offset)
+            while followed.offset < limit:
+                data = f.read(min(_CHUNK, limit - followed.offset))
+                if not data:
+                    break
+                followed.offset += len(data)
+                lines, followed.partial = split_lines(followed.partial, data)
+                self._emit(followed, lines)
+        return followed.offset < size
+
+    def _emit(self, followed: _Followed, lines: list[bytes]) -> None:
+        grep = self.selection.grep
+        if grep is not None:
+            lines = [line for line in lines if grep.search(line.decode("utf-8", "replace"))]
+        if not lines:
+            return
+        head = prefix(followed.file, self.where, self.colour) if self.command.prefix else b""
+        self.out.write(b"".join(head + line + b"\n" for line in lines))
+
+    def flush_partials(self) -> None:
+        for followed in self.ordered:
+            if followed.partial:
+                self._emit(followed, [followed.partial])
+                followed.partial = b""
+        self.out.flush()
+
+
+def last_lines_offset(path: str, count: int) -> int:
+    """The offset of the last `count` lines of the file (a final unterminated line counts)."""
+    with open(path, "rb") as f:
+        end = f.seek(0, os.SEEK_END)
+        if count == 0:
+            return end
+        position, seen = end, 0
+        while position > 0:
+            step = min(1 << 16, position)
+            position -= step
+            f.seek(position)
+            block = f.read(step)
+            if position + step == end and block.endswith(b"\n"):
+                block = block[:-1]  # the file's last newline ends the last line, not a new one
+            for index in range(len(block) - 1, -1, -1):
+                if block[index] == 0x0A:
+                    seen += 1
+                    if seen == count:
+                        return position + index + 1
+        return 0
+
+
+def _signature(path: str) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_mtime_ns, st.st_size

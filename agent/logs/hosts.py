@@ -1,0 +1,80 @@
+"""Which host and node ran each rank: from ranks.json, summary.json or the agent logs."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+from collections.abc import Iterable
+from typing import Any
+
+from agent.logs.logdir import read_json
+from agent.logs.selection import Where
+
+AGENT_LOG = re.compile(r"agent-\d+\.log")
+_STARTING = re.compile(rb"attempt \d+: starting ranks (\d+)(?:-(\d+))? on (\S+)")
+_AGENT_LOG_HEAD = 1 << 14  # the "starting ranks" line is near the top of an agent log
+
+
+def read_where(log_dir: str, names: Iterable[str]) -> dict[int, Where]:
+    """rank → host from ranks.json, else summary.json, else the agent logs' first lines."""
+    for source, name in (
+        (where_from_ranks_json, "ranks.json"),
+        (where_from_summary, "summary.json"),
+    ):
+        try:
+            found = source(read_json(os.path.join(log_dir, name)))
+        except (OSError, ValueError):
+            found = {}  # being written, or damaged: the next source may know
+        if found:
+            return found
+    return where_from_agent_logs(
+        _heads(log_dir, sorted(n for n in names if AGENT_LOG.fullmatch(n)))
+    )
+
+
+def where_from_ranks_json(data: Any) -> dict[int, Where]:
+    """{"ranks": [{"rank": 0, "host": "n1", "node": 0}, ...]} → {0: Where("n1", 0)}."""
+    entries = data.get("ranks") if isinstance(data, dict) else None
+    return _where_from_entries(entries or [], "node")
+
+
+def where_from_summary(data: Any) -> dict[int, Where]:
+    """summary.json: every attempt's ranks carry rank, host and node_rank."""
+    attempts = data.get("attempts") if isinstance(data, dict) else None
+    entries = [r for a in attempts or [] if isinstance(a, dict) for r in a.get("ranks") or []]
+    return _where_from_entries(entries, "node_rank")
+
+
+def _where_from_entries(entries: Iterable[Any], node_key: str) -> dict[int, Where]:
+    where: dict[int, Where] = {}
+    for entry in entries:
+        if not isinstance(entry, dict):
+            continue
+        rank, host, node = entry.get("rank"), entry.get("host"), entry.get(node_key)
+        if isinstance(rank, int) and rank >= 0 and isinstance(host, str) and host:
+            where[rank] = Where(host, node if isinstance(node, int) and node >= 0 else None)
+    return where
+
+
+def where_from_agent_logs(texts: Iterable[bytes]) -> dict[int, Where]:
+    """ "attempt 0: starting ranks 4-7 on n2" lines; nodes numbered by each host's lowest rank,
+    since a node's ranks follow node 0's (global rank = node * nproc + local rank)."""
+    hosts: dict[int, str] = {}
+    for text in texts:
+        for match in _STARTING.finditer(text):
+            low, high = int(match[1]), int(match[2] or match[1])
+            host = match[3].decode("utf-8", "replace")
+            hosts.update({rank: host for rank in range(low, high + 1)})
+    first: dict[str, int] = {}
+    for _, host in sorted(hosts.items()):
+        first.setdefault(host, len(first))
+    return {rank: Where(host, first[host]) for rank, host in hosts.items()}
+
+
+def _heads(log_dir: str, names: Iterable[str]) -> list[bytes]:
+    heads = []
+    for name in names:
+        with contextlib.suppress(OSError), open(os.path.join(log_dir, name), "rb") as f:
+            heads.append(f.read(_AGENT_LOG_HEAD))
+    return heads

@@ -1,0 +1,228 @@
+"""Who is alive, for the life of an allocation step: store, membership, heartbeats; runs on top.
+
+A NodeAgent joins once (hosts or connects to the store, claims its node index, meets the others,
+heartbeats), executes runs (agent.run), and leaves. Whatever ends it early — a signal in any
+phase, a setup error, a lost store — is told to the other nodes through the current phase's
+scope, so nobody waits out a timeout.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import queue
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from agent.errors import AgentError, ExitCode
+from agent.node import signing
+from agent.node.membership import Membership
+from agent.node.reporter import Reporter
+from agent.node.scope import Scope
+from agent.node.signals import Signals
+from agent.node.store import Endpoint, Store, namespace
+from agent.plan.run_plan import RunPlan
+from agent.world import World, derive_port
+
+log = logging.getLogger("agent")
+
+
+@dataclass(frozen=True)
+class NodeSettings:
+    """The options every node needs before any plan exists (from its own command line)."""
+
+    rdzv_timeout: float = 300.0
+    heartbeat_timeout: float = 6.0
+    master_port: int | None = None
+
+
+class NodeAgent:
+    def __init__(
+        self, *, world: World, settings: NodeSettings, secret: bytes, environ: Mapping[str, str]
+    ) -> None:
+        self.world, self.settings, self.environ = world, settings, environ
+        self.leader = world.agent_index == 0
+        self.events: queue.SimpleQueue = queue.SimpleQueue()
+        self.signals = Signals(self.events)
+        self.seal = lambda obj: signing.seal(obj, secret)
+        self.unseal = lambda data, what: signing.unseal(data, secret, what)
+        self.stop = threading.Event()
+        self.phase: Scope | None = None  # where a failure of ours is reported right now
+        self.store: Store | None = None
+        self.claimed = False  # only an agent that holds its node index may speak for it
+        self.met = False  # past the join barrier
+        self.reporter: Reporter | None = None
+
+    @property
+    def names(self) -> list[str]:
+        w = self.world
+        if w.task is not None:
+            return [f"task {i}" for i in range(w.agents)]
+        return [
+            f"node {i} ({w.hosts[i]})" if i < len(w.hosts) else f"node {i}" for i in range(w.agents)
+        ]
+
+    # -- joining --------------------------------------------------------------------------
+    def join(self) -> None:
+        self.connect()
+        self.meet()
+
+    def connect(self) -> None:
+        """Host or reach the store and claim this node index: from here on, failures are told."""
+        w = self.world
+        # One agent alone may take any free port; several must agree without talking: derive it.
+        port = (
+            self.settings.master_port
+            or w.master_port
+            or (derive_port(w.job_id, w.step_id) if w.agents > 1 else 0)
+        )
+        ns = namespace(w.job_id, w.step_id)
+        if self.leader:
+            self.store = Store.host(
+                Endpoint(w.master_addr, port), ns, f"{w.host} (node 0)", alone=w.agents == 1
+            )
+        else:
+            who = "node 0's agent" + (f" ({w.hosts[0]})" if w.hosts else "")
+            self.store = Store.connect(
+                Endpoint(w.master_addr, port), ns, self.settings.rdzv_timeout, who
+            )
+        self.membership = Membership(
+            self.store, w.agents, w.agent_index, self.names, self.seal, self.unseal
+        )
+        self.membership.claim(w.host)
+        self.claimed = True
+        self.reporter = Reporter(
+            self.store.another_client(), self.world, self.membership, self.names
+        )
+
+    def meet(self) -> None:
+        """Wait for every other agent (woken early by a failure anywhere), then heartbeat."""
+        self.membership.join(self.settings.rdzv_timeout)
+        self.met = True
+        self.membership.heartbeat(
+            self.stop,
+            1.0,
+            self.settings.heartbeat_timeout,
+            on_lost=lambda why: self.events.put(_store_lost(why)),
+            on_silent=(lambda i: self.reporter.peer_silent(i, self.phase)) if self.leader else None,
+        )
+
+    # -- runs -----------------------------------------------------------------------------
+    def offer(self, run: int, plan: RunPlan) -> None:
+        """Node 0: publish a run's plan (the run's scope is where its setup failures go)."""
+        from agent.run.prepare import offer
+
+        self.phase = self._scope(f"r{run}", wakes=("plan", "done"))
+        offer(self.phase, plan)
+
+    def execute(self, run: int, plan: RunPlan | None, read_topology: Callable[[str], Any]) -> int:
+        """One run: node 0 passes the plan it decided, the others receive it."""
+        from agent.run.execute import Attempts
+        from agent.run.prepare import prepare
+
+        assert self.store is not None
+        scope = self._scope(f"r{run}", wakes=("plan", "done"))
+        if self.leader and not scope.store.exists(scope.key("plan")):
+            assert plan is not None
+            self.offer(run, plan)
+        self.phase = scope
+        prepared = prepare(
+            scope,
+            world=self.world,
+            plan=plan,
+            environ=self.environ,
+            read_topology=read_topology,
+            timeout=self.settings.rdzv_timeout,
+            names=self.names,
+        )
+        if self.leader:
+            from agent.run.outputs import write_ranks
+
+            plan = prepared.plan
+            write_ranks(
+                plan.log_dir,
+                self.membership.hosts(),
+                plan.nproc_per_node,
+                self.world.task is not None,
+            )
+        attempts = Attempts(
+            world=self.world,
+            scope_of=lambda attempt: self._scope(f"r{run}/a{attempt}"),
+            events=self.events,
+            signals=self.signals,
+            report=self.reporter.report,
+            enter=self._enter,
+            serve_workers=self.store.serve_workers,
+            hosts=self.membership.hosts,
+            environ=self.environ,
+            stop=self.stop,
+            lost_results=self.reporter.lost_failures,
+        )
+        return attempts.execute(prepared)
+
+    def _scope(self, prefix: str, wakes: tuple[str, ...] = ()) -> Scope:
+        assert self.store is not None
+        return Scope(self.store, prefix, self.world.agent_index, self.seal, self.unseal, wakes)
+
+    def _enter(self, scope: Scope | None) -> None:
+        self.phase = scope
+        self.reporter.lost.clear()
+
+    def farewell(self, record: dict[str, Any] | None, why: str, *, everyone: bool = False) -> None:
+        """Ending early: tell everyone (over a fresh connection: the main one may be mid-query).
+
+        Node 0 then keeps its store up until the peers have read why: those that joined, or
+        (`everyone`, for bad input they would otherwise never hear of) all of them, for a while.
+        """
+        if self.store is None or not self.claimed:
+            return
+        with contextlib.suppress(Exception):
+            fresh = self.store.another_client(op_timeout=2.0)
+            record = None if record is None else {**record, "agent": self.world.agent_index}
+            scopes = [self.phase] if self.phase is not None else []
+            if not self.met:  # peers may still wait at the join barrier
+                scopes.append(self.membership.scope)
+            for scope in scopes if record is not None else ():
+                scope.on(fresh).report(record)
+            self.membership.scope.on(fresh).put(f"gone/{self.world.agent_index}", {"why": why})
+            if self.leader:
+                m = self.membership.scope.on(fresh)
+                peers = self._peers()
+                if not everyone:
+                    peers = [i for i in peers if fresh.exists(m.key("claim", i))]
+                self._linger(fresh, peers, 10.0 if everyone else 5.0)
+
+    def _peers(self) -> list[int]:
+        lost = self.reporter.lost_peers if self.reporter else set()
+        return [i for i in range(1, self.world.agents) if i not in lost]
+
+    def _linger(self, store: Store, peers: list[int], timeout: float) -> None:
+        """Node 0: keep the store up until these peers have read what they need (or timeout)."""
+        m = self.membership.scope
+        store.wait([m.key("gone", i) for i in peers], timeout)
+
+    def leave(self) -> None:
+        """An orderly end: peers are told, node 0 waits until they have read the verdict."""
+        if self.store is None or not self.claimed:
+            return
+        with contextlib.suppress(Exception):
+            self.membership.leaving()
+            if self.leader:
+                self._linger(self.store, self._peers(), 10.0)
+
+    def close(self) -> None:
+        self.stop.set()
+
+
+def _store_lost(why: str):
+    from agent.run.supervisor import StoreLost
+
+    return StoreLost(why)
+
+
+def lost_store_error(exc: BaseException) -> AgentError:
+    lines = str(exc).strip().splitlines()
+    first = lines[0] if lines else type(exc).__name__
+    return AgentError(f"lost the job store: {first}", ExitCode.RENDEZVOUS)

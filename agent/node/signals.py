@@ -1,0 +1,59 @@
+"""Signals to the agent, in every phase: raised where the agent waits, queued while ranks run.
+
+While the supervisor runs, a signal becomes an event on its queue (it forwards SIGUSR1/2 and
+tears down on SIGTERM/SIGINT/SIGHUP). In every other phase (joining, waiting for the plan,
+between attempts, finishing) a stop signal raises Interrupted in the main thread, which breaks
+any blocking store wait at once (the waits are Python socket reads), so the agent can tell the
+other nodes and exit 128+N instead of waiting out a timeout.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import signal
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+STOP = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+FORWARDED = (signal.SIGUSR1, signal.SIGUSR2)
+
+
+@dataclass(frozen=True)
+class Signalled:
+    signum: int
+
+
+class Interrupted(BaseException):
+    """A stop signal outside the supervisor: BaseException, so no `except Exception` eats it."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+class Signals:
+    """Installs the handlers; `events` is a SimpleQueue (its put is safe in a signal handler)."""
+
+    def __init__(self, events: queue.SimpleQueue) -> None:
+        self.events = events
+        self._queued = False
+
+    def install(self) -> None:
+        for signum in (*STOP, *FORWARDED):
+            signal.signal(signum, self._handle)
+
+    @contextlib.contextmanager
+    def queued(self) -> Iterator[None]:
+        """Within this block signals are events for the supervisor, not exceptions."""
+        self._queued = True
+        try:
+            yield
+        finally:
+            self._queued = False
+
+    def _handle(self, signum: int, _frame: object) -> None:
+        if self._queued:
+            self.events.put(Signalled(signum))
+        elif signum in STOP:
+            raise Interrupted(signum)

@@ -1,0 +1,192 @@
+"""The job's c10d TCPStore: node 0 hosts it, every agent joins with O(1) operations.
+
+The only module that imports torch.distributed, and only node 0 needs it (to host the server):
+the other agents talk to it through agent.store_client, which is torch-free, and fall back to
+torch's client only if the server speaks a dialect that client does not know; a one-agent job
+keeps its store in process (agent.local_store). Keys live under `la/<job>/<step>/`; per-attempt
+keys under `.../a<attempt>/`. Nothing is ever unpickled: values are JSON, and whatever another
+process could forge (the config payload, the abort record) is sealed with HMAC (agent.signing).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from agent.errors import AgentError, ExitCode
+from agent.node.local_store import LocalStore
+from agent.node.store_client import ProtocolMismatch, StoreClient
+
+_LONG = timedelta(days=7)
+
+
+def _torch_store():
+    # Imported lazily: `--help`, `logs`, `doctor` and `bootstrap` never pay for torch.
+    import torch
+    from torch.distributed import TCPStore
+
+    from agent.node.dnsfix import disable_reverse_dns
+
+    disable_reverse_dns(os.path.join(os.path.dirname(torch.__file__), "lib"))
+    return TCPStore
+
+
+def _is_timeout(exc: BaseException) -> bool:
+    return "timeout" in str(exc).lower() or "timed out" in str(exc).lower()
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    addr: str
+    port: int
+
+
+class Store:
+    """One agent's view of the job store (a client, plus the server on node 0)."""
+
+    def __init__(self, client: Any, endpoint: Endpoint, namespace: str, server: Any = None) -> None:
+        self._client = client
+        self.endpoint = endpoint
+        self.ns = namespace
+        self._server = server  # keeps node 0's server alive as long as this object lives
+
+    # -- opening --------------------------------------------------------------------------
+    @classmethod
+    def host(cls, endpoint: Endpoint, namespace: str, where: str, alone: bool = False) -> Store:
+        """Node 0: bind the port now (fail fast if taken) and serve until this agent exits.
+
+        `alone`: a one-agent job keeps its store in process; its rank 0 will host the ranks'
+        store on the given port (checked free now) or on a free one.
+        """
+        try:
+            if alone:
+                if endpoint.port:
+                    _probe(endpoint.port)
+                return cls(LocalStore(), endpoint, namespace)
+            server = _torch_store()(
+                "0.0.0.0", endpoint.port, is_master=True, wait_for_workers=False, timeout=_LONG
+            )
+        except (RuntimeError, ValueError, OSError) as exc:
+            raise AgentError(
+                f"cannot open the job store on {where} port {endpoint.port}: {_first_line(exc)}; "
+                "another job may hold it: pass --master-port PORT (a free port)",
+                ExitCode.USAGE,
+            ) from None
+        bound = Endpoint(endpoint.addr, server.port)
+        # The main thread talks to its own server through the Python client, like every other
+        # agent: its blocking waits then answer to signals (torch's client blocks in C++).
+        try:
+            client: Any = StoreClient.connect("127.0.0.1", server.port, 30.0)
+        except (ProtocolMismatch, OSError):
+            client = server
+        return cls(client, bound, namespace, server=server)
+
+    @classmethod
+    def connect(cls, endpoint: Endpoint, namespace: str, timeout: float, who: str) -> Store:
+        """Other agents: connect, retrying until `timeout` (node 0 may start later)."""
+        try:
+            try:
+                client = StoreClient.connect(endpoint.addr, endpoint.port, timeout)
+            except ProtocolMismatch:
+                client = _torch_client(endpoint, timedelta(seconds=timeout))
+        except (RuntimeError, ValueError, OSError) as exc:
+            raise AgentError(
+                f"rendezvous failed: {who} at {endpoint.addr}:{endpoint.port} did not answer "
+                f"within {timeout:g}s ({_first_line(exc)}); is node 0's agent running? "
+                "raise --rdzv-timeout if it starts late",
+                ExitCode.RENDEZVOUS,
+            ) from None
+        return cls(client, endpoint, namespace)
+
+    def another_client(self, op_timeout: float | None = None) -> Store:
+        """A second connection, for a thread that blocks (watchers) or ticks (heartbeats).
+
+        `op_timeout` bounds each query but waits (our client only; torch's keeps its own).
+        """
+        if isinstance(self._client, LocalStore):
+            return self
+        if isinstance(self._client, StoreClient):
+            addr = "127.0.0.1" if self._server is not None else self.endpoint.addr
+            client: Any = StoreClient.connect(addr, self.endpoint.port, 30.0, op_timeout)
+        else:
+            client = _torch_client(self.endpoint, _LONG)
+        return Store(client, self.endpoint, self.ns)
+
+    def serve_workers(self) -> int:
+        """Node 0: a fresh store for the ranks of one attempt (torch's agent-store protocol).
+
+        A one-agent job only picks a free port: its rank 0 hosts the store (plan.rank_env).
+        """
+        if isinstance(self._client, LocalStore):
+            return self.endpoint.port or _probe(0)
+        tcp_store = _torch_store()
+        server = tcp_store("0.0.0.0", 0, is_master=True, wait_for_workers=False, timeout=_LONG)
+        self._worker_servers = [*getattr(self, "_worker_servers", []), server]
+        return server.port
+
+    # -- primitives -----------------------------------------------------------------------
+    def key(self, *parts: object) -> str:
+        return self.ns + "/".join(str(p) for p in parts)
+
+    def set_json(self, key: str, value: Any) -> None:
+        self._client.set(key, json.dumps(value, separators=(",", ":")))
+
+    def set_bytes(self, key: str, value: bytes) -> None:
+        self._client.set(key, value)
+
+    def get_bytes(self, key: str) -> bytes:
+        return bytes(self._client.get(key))
+
+    def get_json(self, key: str) -> Any:
+        return json.loads(self.get_bytes(key))
+
+    def add(self, key: str, amount: int = 1) -> int:
+        return int(self._client.add(key, amount))
+
+    def exists(self, key: str) -> bool:
+        return bool(self._client.check([key]))
+
+    def wait(self, keys: Iterable[str], timeout: float | None) -> bool:
+        """Block until every key exists; False on timeout (other errors propagate)."""
+        span: Any = timeout
+        if not isinstance(self._client, (StoreClient, LocalStore)):
+            span = _LONG if timeout is None else timedelta(seconds=max(timeout, 0.001))
+        try:
+            self._client.wait(list(keys), span)
+        except RuntimeError as exc:  # DistStoreError subclasses RuntimeError
+            if _is_timeout(exc):
+                return False
+            raise
+        return True
+
+    def multi_get(self, keys: list[str]) -> list[bytes]:
+        return [bytes(v) for v in self._client.multi_get(keys)]
+
+    def multi_get_ints(self, keys: list[str]) -> list[int]:
+        return [int(bytes(v) or b"0") for v in self._client.multi_get(keys)]
+
+
+def _probe(port: int) -> int:
+    """Bind `port` (0: any) and let it go: the port a one-agent job's rank 0 will bind."""
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as TCPStore binds it
+        probe.bind(("", port))
+        return probe.getsockname()[1]
+
+
+def _torch_client(endpoint: Endpoint, timeout: timedelta) -> Any:
+    return _torch_store()(endpoint.addr, endpoint.port, is_master=False, timeout=timeout)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+def namespace(job_id: str, step_id: str) -> str:
+    return f"la/{job_id or 'local'}/{step_id or '0'}/"

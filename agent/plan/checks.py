@@ -1,0 +1,54 @@
+"""Checks an agent makes on its own before it waits for anyone: script, log dir (reads only)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from pathlib import Path
+
+from agent.errors import AgentError
+from agent.plan.options import Options
+from agent.world import World
+
+
+def check_script(script: str, options: Options) -> None:
+    if options.module:
+        return
+    if options.no_python:
+        if shutil.which(script) is None:
+            raise AgentError(
+                f"program {script!r} not found or not executable (--no-python); check the path or PATH"
+            )
+        return
+    path = Path(script)
+    if not path.exists():
+        raise AgentError(
+            f"script {script!r} not found (cwd {os.getcwd()}); pass the path of your training script"
+        )
+    if path.is_dir():
+        raise AgentError(
+            f"script {script!r} is a directory; pass a .py file, or -m MODULE for a package"
+        )
+    if not os.access(path, os.R_OK):
+        raise AgentError(f"script {script!r} is not readable; fix its permissions (chmod a+r)")
+
+
+def default_log_dir(world: World) -> str:
+    if world.job_id:
+        step = world.step_id
+        return os.path.join("logs", world.job_id + (f".{step}" if step not in ("", "0") else ""))
+    return os.path.join("logs", time.strftime("local-%Y%m%d-%H%M%S") + f"-{os.getpid()}")
+
+
+def check_log_dir(path: str) -> None:
+    """Fail fast on a log dir we could not create or write, without creating anything yet."""
+    probe = os.path.abspath(path)
+    while not os.path.exists(probe):
+        probe = os.path.dirname(probe)
+    if not os.path.isdir(probe):
+        raise AgentError(f"log dir {path!r}: {probe!r} is not a directory; pass --log-dir DIR")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise AgentError(
+            f"log dir {path!r}: {probe!r} is not writable; pass --log-dir DIR on a writable filesystem"
+        )

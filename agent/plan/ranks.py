@@ -1,0 +1,203 @@
+"""World + options + payload + placement → what every rank of this node runs (pure)."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from agent.errors import AgentError
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where one local rank runs: its GPU and its CPU/memory binding (None: unbound)."""
+
+    gpu: str | None = None  # the CUDA index the rank should use, as the rank sees it
+    pci: str | None = None
+    numa_node: int | None = None
+    cpus: tuple[int, ...] | None = None
+    mem_nodes: tuple[int, ...] | None = None
+    strict: bool = False
+    omp_threads: int | None = None
+
+
+@dataclass(frozen=True)
+class Launch:
+    """Everything about the job that is the same for every rank."""
+
+    job_id: str
+    step_id: str
+    world_size: int
+    nnodes: int
+    master_addr: str
+    master_port: int
+    attempt: int
+    max_restarts: int
+    log_dir: str
+    config_file: str
+    command: tuple[str, ...]  # script argv before per-rank parts (python, script, args...)
+    script_at: int = 1  # index of the script (or module name) in command
+    extra_env: Mapping[str, str] = field(default_factory=dict)  # from the config payload
+    deepspeed: bool = False
+    rank_prefix: str | None = None
+    prefix_ranks: frozenset[int] | None = None  # None: every rank
+    agent_store: bool = True  # False for a one-agent job: its rank 0 hosts the store
+
+
+@dataclass(frozen=True)
+class RankSpec:
+    rank: int
+    local_rank: int
+    local_world_size: int
+    node_rank: int
+    host: str
+    placement: Placement
+    argv: tuple[str, ...]
+    env: Mapping[str, str]  # added to the agent's environment
+    out_path: str
+    err_path: str
+    error_file: str
+
+
+def script_command(
+    script: str, args: Sequence[str], extra: Sequence[str], *, module: bool, no_python: bool
+) -> tuple[tuple[str, ...], int]:
+    """The rank's argv and the index of the script in it."""
+    if no_python:
+        return (script, *args, *extra), 0
+    if module:
+        return (sys.executable, "-m", script, *args, *extra), 2
+    return (sys.executable, script, *args, *extra), 1
+
+
+def log_paths(log_dir: str, rank: int, attempt: int) -> tuple[str, str, str]:
+    """Flat and greppable: rank-00003.out, and rank-00003.r1.out for restart 1."""
+    stem = os.path.join(log_dir, f"rank-{rank:05d}" + (f".r{attempt}" if attempt else ""))
+    return stem + ".out", stem + ".err", stem + ".error.json"
+
+
+def rank_env(
+    launch: Launch,
+    rank: int,
+    local_rank: int,
+    local_world_size: int,
+    node_rank: int,
+    placement: Placement,
+    error_file: str,
+    inherited: Mapping[str, str],
+) -> dict[str, str]:
+    env = {
+        "RANK": str(rank),
+        "LOCAL_RANK": str(local_rank),
+        "WORLD_SIZE": str(launch.world_size),
+        "LOCAL_WORLD_SIZE": str(local_world_size),
+        "GROUP_RANK": str(node_rank),
+        "NODE_RANK": str(node_rank),
+        "GROUP_WORLD_SIZE": str(launch.nnodes),
+        "ROLE_RANK": str(rank),
+        "ROLE_WORLD_SIZE": str(launch.world_size),
+        "ROLE_NAME": "default",
+        "MASTER_ADDR": launch.master_addr,
+        "MASTER_PORT": str(launch.master_port),
+        # Ranks join the agent's store instead of rank 0 binding MASTER_PORT (torch honours this);
+        # a one-agent job hosts no TCPStore (it would cost the agent a torch import): rank 0 does.
+        "TORCHELASTIC_USE_AGENT_STORE": str(launch.agent_store),
+        "TORCHELASTIC_RESTART_COUNT": str(launch.attempt),
+        "TORCHELASTIC_MAX_RESTARTS": str(launch.max_restarts),
+        "TORCHELASTIC_RUN_ID": launch.job_id or "local",
+        "TORCHELASTIC_ERROR_FILE": error_file,
+        "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+        "AGENT_CONFIG": launch.config_file,
+        "AGENT_LOG_DIR": launch.log_dir,
+        "AGENT_ATTEMPT": str(launch.attempt),
+        "LAUNCH_AGENT_JOB": f"{launch.job_id or 'local'}.{launch.step_id or '0'}",
+    }
+    defaults = {
+        "PYTHONUNBUFFERED": "1",
+        # A lost DNS query must cost 1 s, not 5-10 s, when c10d reverse-resolves the store.
+        "RES_OPTIONS": "timeout:1 attempts:1",
+        "OMP_NUM_THREADS": str(placement.omp_threads or 1),
+    }
+    for key, value in defaults.items():
+        if key not in inherited:
+            env[key] = value
+    env.update(launch.extra_env)
+    return env
+
+
+def rank_argv(launch: Launch, rank: int, local_rank: int, node_rank: int) -> tuple[str, ...]:
+    command = list(launch.command)
+    if launch.deepspeed:
+        # DeepSpeed's launcher passes it first, before the script's own arguments.
+        command.insert(launch.script_at + 1, f"--local_rank={local_rank}")
+    if launch.rank_prefix and (launch.prefix_ranks is None or rank in launch.prefix_ranks):
+        try:
+            text = launch.rank_prefix.format(rank=rank, local_rank=local_rank, node=node_rank)
+        except (KeyError, IndexError, ValueError) as exc:
+            raise AgentError(
+                f"--rank-prefix {launch.rank_prefix!r}: bad placeholder {exc}; use {{rank}}, {{local_rank}}, {{node}}"
+            ) from None
+        command = shlex.split(text) + command
+    return tuple(command)
+
+
+def node_ranks(
+    launch: Launch,
+    node_rank: int,
+    host: str,
+    first_rank: int,
+    local_ranks: Sequence[int],
+    local_world_size: int,
+    placements: Sequence[Placement],
+    inherited: Mapping[str, str],
+) -> tuple[RankSpec, ...]:
+    """The ranks one agent runs: per-node mode passes all local ranks, per-task mode one."""
+    specs = []
+    for offset, local_rank in enumerate(local_ranks):
+        rank = first_rank + offset
+        out, err, error_file = log_paths(launch.log_dir, rank, launch.attempt)
+        placement = placements[offset]
+        specs.append(
+            RankSpec(
+                rank=rank,
+                local_rank=local_rank,
+                local_world_size=local_world_size,
+                node_rank=node_rank,
+                host=host,
+                placement=placement,
+                argv=rank_argv(launch, rank, local_rank, node_rank),
+                env=rank_env(
+                    launch,
+                    rank,
+                    local_rank,
+                    local_world_size,
+                    node_rank,
+                    placement,
+                    error_file,
+                    inherited,
+                ),
+                out_path=out,
+                err_path=err,
+                error_file=error_file,
+            )
+        )
+    return tuple(specs)
+
+
+def parse_rank_set(text: str | None, what: str) -> frozenset[int] | None:
+    """'0,3-5' → {0,3,4,5}; None/'all' → None (every rank); 'none' → empty."""
+    if text is None or text.strip() == "all":
+        return None
+    if text.strip() == "none":
+        return frozenset()
+    ranks: set[int] = set()
+    try:
+        for part in text.split(","):
+            low, _, high = part.strip().partition("-")
+            ranks.update(range(int(low), int(high or low) + 1))
+    except ValueError:
+        raise AgentError(f"{what} {text!r}: expected ranks like 0,3-5, 'all' or 'none'") from None
+    return frozenset(ranks)

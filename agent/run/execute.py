@@ -1,0 +1,177 @@
+"""What is running: one run's attempts on this node — ranks, supervision, results, the verdict.
+
+Node 0 judges each attempt (agent.run.verdict), restarts the whole world or ends the run, and
+writes summary.json; every node acts on node 0's verdict. Per-attempt keys live in the scope
+`r<run>/a<attempt>`, so runs and attempts never see each other's records.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from agent.console.view import ConsoleView
+from agent.errors import ExitCode
+from agent.node.scope import Scope
+from agent.node.signals import Signals
+from agent.plan.run_plan import rank_specs
+from agent.run import outputs, workers
+from agent.run.prepare import Prepared
+from agent.run.summary import build_summary, render_report
+from agent.run.supervisor import AbortSeen, Outcome, StoreLost, Supervisor
+from agent.run.verdict import Verdict, judge
+from agent.world import World
+
+log = logging.getLogger("agent")
+
+
+@dataclass
+class Attempts:
+    """Everything the attempts of one run need from the node agent that executes them."""
+
+    world: World
+    scope_of: Callable[[int], Scope]  # attempt → its scope over the main connection
+    events: Any  # queue.SimpleQueue of supervisor events
+    signals: Signals
+    report: Callable[[Scope, dict[str, Any]], None]  # thread-safe failure publication
+    enter: Callable[[Scope | None], None]  # the scope a farewell reports into
+    serve_workers: Callable[[], int]  # node 0: a fresh store for one attempt's ranks
+    hosts: Callable[[], list[str]]
+    environ: Mapping[str, str]
+    stop: threading.Event
+    lost_results: Callable[[Scope], list[dict[str, Any]]]  # node 0: failures of lost nodes
+
+    def execute(self, prepared: Prepared) -> int:
+        plan, world = prepared.plan, self.world
+        leader = world.agent_index == 0
+        if leader:
+            self.scope_of(0).put("port", {"port": self.serve_workers()})
+        history: list[dict[str, Any]] = []
+        attempt = 0
+        while True:
+            scope = self.scope_of(attempt)
+            self.enter(scope)
+            outcome = self._supervise(prepared, scope, attempt)
+            if outcome.store_lost:
+                log.error("%s", outcome.store_lost)
+                return _signal_code(outcome) or int(ExitCode.RENDEZVOUS)
+            scope.put(f"result/{world.agent_index}", _result(outcome))
+            if leader:
+                verdict = self._judge(scope, attempt, plan.options.max_restarts)
+                history.append(dict(verdict.record))
+                decision = {"restart": verdict.restart, "code": verdict.code}
+                if verdict.restart:
+                    self.scope_of(attempt + 1).put("port", {"port": self.serve_workers()})
+                    log.warning(
+                        "attempt %d failed (%s); restarting the whole world (%d of %d)",
+                        attempt,
+                        (verdict.root_cause or {}).get("how"),
+                        attempt + 1,
+                        plan.options.max_restarts,
+                    )
+                else:
+                    self._summarise(prepared, history, verdict.code)
+                scope.put("verdict", decision)
+                scope.close()  # wakes every abort watcher of this attempt
+            else:
+                decision = scope.get("verdict", "verdict")
+            if decision.get("restart") and outcome.signum is None:
+                attempt += 1
+                continue
+            self.enter(None)
+            return _signal_code(outcome) or int(decision["code"])
+
+    def _supervise(self, prepared: Prepared, scope: Scope, attempt: int) -> Outcome:
+        world, plan = self.world, prepared.plan
+        port = int(scope.get("port", "worker port")["port"])
+        specs = rank_specs(
+            plan,
+            world,
+            prepared.layout,
+            attempt=attempt,
+            port=port,
+            config_file=prepared.config_file,
+            environ=self.environ,
+        )
+        ranks = [s.rank for s in specs]
+        log.info("attempt %d: starting ranks %s on %s", attempt, _span(ranks), world.host)
+        sup = Supervisor(
+            specs,
+            attempt=attempt,
+            events=self.events,
+            report=lambda record: self.report(scope, record),
+            grace=plan.options.grace,
+            hang_warning=plan.options.hang_warning,
+        )
+        scope.watch(
+            self.stop,
+            lambda record: self.events.put(AbortSeen(attempt, record)),
+            lambda why: self.events.put(StoreLost(why)),
+        )
+        early = scope.failure()  # someone failed before our watcher started
+        if early is not None:
+            self.events.put(AbortSeen(attempt, early))
+        console = ConsoleView(plan.options)
+
+        def start() -> list[workers.Worker]:
+            started = workers.spawn(
+                specs,
+                self.environ,
+                console.router,
+                prefix_for=console.prefix,
+                console=console.shows,
+                events=self.events,
+            )
+            console.started(started)
+            return started
+
+        try:
+            with self.signals.queued():
+                return sup.run(start)
+        finally:
+            console.close()
+
+    def _judge(self, scope: Scope, attempt: int, max_restarts: int) -> Verdict:
+        keys = [scope.key("result", i) for i in range(self.world.agents)]
+        scope.store.wait(keys, None)  # a lost node's result is written by node 0's monitor
+        results = [scope._unseal(v, "result") for v in scope.store.multi_get(keys)]
+        failures = [r["failure"] for r in results if r.get("failure")]
+        failures += self.lost_results(scope)
+        return judge(attempt, results, failures, max_restarts)
+
+    def _summarise(self, prepared: Prepared, history: list[dict[str, Any]], code: int) -> None:
+        w, plan = self.world, prepared.plan
+        job = {
+            "id": w.job_id,
+            "step": w.step_id,
+            "source": w.source,
+            "nnodes": w.nnodes,
+            "world_size": plan.world_size,
+            "nproc_per_node": plan.nproc_per_node,
+            "hosts": list(w.hosts),
+            "log_dir": plan.log_dir,
+        }
+        summary = build_summary(job, history, code)
+        path = outputs.write_summary(plan.log_dir, summary)
+        (log.info if code == 0 else log.error)("%s\nsummary: %s", render_report(summary), path)
+
+
+def _result(outcome: Outcome) -> dict[str, Any]:
+    return {
+        "exits": [e.to_json() for e in outcome.exits],
+        "signal": outcome.signum,
+        "refused": outcome.refused,
+        "warnings": outcome.warnings,
+        "failure": outcome.failure,
+    }
+
+
+def _signal_code(outcome: Outcome) -> int | None:
+    return 128 + outcome.signum if outcome.signum else None
+
+
+def _span(ranks: list[int]) -> str:
+    return f"{ranks[0]}-{ranks[-1]}" if len(ranks) > 1 else str(ranks[0]) if ranks else "none"

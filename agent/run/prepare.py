@@ -1,0 +1,85 @@
+"""Before a run's first rank starts: node 0 publishes the plan, every node readies itself, barrier.
+
+A failure on any node here (a bad config on node 0, a missing script on node 3, a signal) is
+published in the run's scope, which wakes every agent waiting for the plan or at the barrier.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from agent.errors import AgentError, ExitCode, PeerFailed
+from agent.node.scope import Scope, could_not
+from agent.plan import checks
+from agent.plan.layout import NodeLayout
+from agent.plan.run_plan import RunPlan, node_layout, rank_specs
+from agent.run import outputs
+from agent.world import World
+
+log = logging.getLogger("agent")
+
+
+@dataclass(frozen=True)
+class Prepared:
+    plan: RunPlan
+    layout: NodeLayout
+    config_file: str
+
+
+def prepare(
+    scope: Scope,
+    *,
+    world: World,
+    plan: RunPlan | None,
+    environ: Mapping[str, str],
+    read_topology: Callable[[str], Any],
+    timeout: float,
+    names: list[str],
+) -> Prepared:
+    """Node 0 passes the plan it decided (published already: `offer`); the others receive it."""
+    if plan is None:
+        plan = _receive(scope, timeout, names)
+    outputs.prepare_log_dir(plan.log_dir)
+    _log_to_file(plan.log_dir, world.agent_index)
+    config_file = outputs.write_config(plan.log_dir, world.agent_index, plan.payload.config)
+    lay = node_layout(plan, world, environ, read_topology(plan.options.sysfs_root))
+    # Every rank's argv and env can be built (e.g. --rank-prefix placeholders) before the barrier.
+    rank_specs(plan, world, lay, attempt=0, port=0, config_file=config_file, environ=environ)
+    scope.barrier(world.agents, timeout, names)
+    return Prepared(plan, lay, config_file)
+
+
+def offer(scope: Scope, plan: RunPlan) -> None:
+    """Node 0: publish the plan as soon as it is decided, so nobody waits for it later."""
+    scope.put("plan", {"plan": plan.to_json()})
+
+
+def _receive(scope: Scope, timeout: float, names: list[str]) -> RunPlan:
+    if not scope.store.wait([scope.key("plan")], timeout):
+        raise AgentError(
+            f"rendezvous timed out after {timeout:g}s: node 0 never published the run's plan",
+            ExitCode.RENDEZVOUS,
+        )
+    failure = scope.failure()
+    if failure is not None:
+        raise PeerFailed(could_not(failure, names))
+    plan = RunPlan.from_json(scope.get("plan", "config payload").get("plan"))
+    checks.check_script(plan.script, plan.options)  # the script must exist on every node
+    return plan
+
+
+def _log_to_file(log_dir: str, agent_index: int) -> None:
+    path = os.path.abspath(os.path.join(log_dir, f"agent-{agent_index:05d}.log"))
+    for handler in log.handlers:
+        if isinstance(handler, logging.FileHandler):
+            if handler.baseFilename == path:
+                return
+            log.removeHandler(handler)  # a new run of a resident agent: a new log dir
+            handler.close()
+    handler = logging.FileHandler(path)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+    log.addHandler(handler)

@@ -1,0 +1,126 @@
+"""Rank exits → one root cause for the whole job, summary.json and a short report (pure)."""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class RankExit:
+    """How one rank of one attempt ended. state: succeeded | failed | terminated | lost."""
+
+    rank: int
+    local_rank: int
+    node_rank: int
+    host: str
+    pid: int | None
+    returncode: int | None
+    state: str
+    start: float
+    end: float | None
+    attempt: int
+    binding: str | None = None  # what /proc showed once the rank ran: "cpus 0-15, memory prefer:0"
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["how"] = describe(self.returncode)
+        return data
+
+
+def signal_name(returncode: int | None) -> str | None:
+    if returncode is None or returncode >= 0:
+        return None
+    try:
+        return signal.Signals(-returncode).name
+    except ValueError:
+        return f"signal {-returncode}"
+
+
+def describe(returncode: int | None) -> str:
+    if returncode is None:
+        return "did not exit (agent lost)"
+    name = signal_name(returncode)
+    return f"killed by {name}" if name else f"exit code {returncode}"
+
+
+def failure_record(
+    exit: RankExit, stderr_tail: Sequence[str], error_file: Mapping[str, Any] | None
+) -> dict[str, Any]:
+    """What the first failing rank's agent publishes: enough to explain the job's death."""
+    record: dict[str, Any] = {
+        "kind": "rank",
+        "rank": exit.rank,
+        "local_rank": exit.local_rank,
+        "node_rank": exit.node_rank,
+        "host": exit.host,
+        "returncode": exit.returncode,
+        "how": describe(exit.returncode),
+        "signal": signal_name(exit.returncode),
+        "time": exit.end,
+        "stderr_tail": list(stderr_tail),
+    }
+    traceback = _traceback(error_file)
+    if traceback:
+        record["traceback"] = traceback
+    return record
+
+
+def _traceback(error_file: Mapping[str, Any] | None) -> str | None:
+    """torch's @record writes {"message": {"message": ..., "extraInfo": {"py_callstack": ...}}}."""
+    if not error_file:
+        return None
+    message = error_file.get("message")
+    if isinstance(message, Mapping):
+        extra = message.get("extraInfo") or {}
+        stack = extra.get("py_callstack") if isinstance(extra, Mapping) else None
+        return str(stack or message.get("message") or "") or None
+    return str(message) if message else None
+
+
+def node_failure(kind: str, node_rank: int, host: str, why: str, when: float) -> dict[str, Any]:
+    """A failure that is not a rank's: a lost agent, a signal, a setup error."""
+    return {"kind": kind, "node_rank": node_rank, "host": host, "how": why, "time": when}
+
+
+def build_summary(
+    job: Mapping[str, Any], attempts: Sequence[Mapping[str, Any]], exit_code: int
+) -> dict[str, Any]:
+    last = attempts[-1] if attempts else {}
+    return {
+        "job": dict(job),
+        "status": "succeeded" if exit_code == 0 else "failed",
+        "exit_code": exit_code,
+        "root_cause": last.get("root_cause"),
+        "attempts": list(attempts),
+    }
+
+
+def render_report(summary: Mapping[str, Any]) -> str:
+    """A few lines for the console, root cause first."""
+    attempts = summary.get("attempts") or []
+    ranks = [r for a in attempts[-1:] for r in a.get("ranks", [])]
+    counts: dict[str, int] = {}
+    for r in ranks:
+        counts[r["state"]] = counts.get(r["state"], 0) + 1
+    tally = ", ".join(f"{n} {state}" for state, n in sorted(counts.items()))
+    head = f"job {summary['status']} (exit {summary['exit_code']}) after {len(attempts)} attempt(s): {tally}"
+    cause = summary.get("root_cause")
+    if not cause:
+        return head
+    lines = [head, "root cause: " + cause_line(cause)]
+    if cause.get("traceback"):
+        lines += ["  traceback (from TORCHELASTIC_ERROR_FILE):"]
+        lines += ["    " + line for line in str(cause["traceback"]).rstrip().splitlines()[-15:]]
+    elif cause.get("stderr_tail"):
+        lines += ["  last stderr lines:"] + ["    " + line for line in cause["stderr_tail"][-10:]]
+    return "\n".join(lines)
+
+
+def cause_line(cause: Mapping[str, Any]) -> str:
+    """One line naming the failure: shared by the agent's report and `agent logs --summary`."""
+    if cause.get("kind") == "rank":
+        return f"rank {cause.get('rank')} on {cause.get('host')} (node {cause.get('node_rank')}) {cause.get('how')}"
+    return f"node {cause.get('node_rank')} ({cause.get('host')}): {cause.get('how')}"

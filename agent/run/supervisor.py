@@ -1,0 +1,222 @@
+"""Runs one attempt on this node: spawn, watch, and on the first failure anywhere tear down."""
+
+from __future__ import annotations
+
+import json
+import logging
+import queue
+import signal
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from agent.node.signals import STOP, Signalled
+from agent.plan.ranks import RankSpec
+from agent.run import workers as w
+from agent.run.binding_check import BindingCheck
+from agent.run.summary import RankExit, failure_record, node_failure
+
+log = logging.getLogger("agent")
+
+
+@dataclass(frozen=True)
+class AbortSeen:
+    attempt: int
+    record: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class StoreLost:
+    why: str
+
+
+@dataclass
+class Outcome:
+    exits: list[RankExit]
+    failure: dict[str, Any] | None = None  # what this node published as a failure of the attempt
+    signum: int | None = None
+    store_lost: str | None = None
+    refused: str | None = None
+    warnings: list[str] = field(default_factory=list)
+
+
+class Supervisor:
+    """One node, one attempt: reacts to rank exits, aborts elsewhere, signals and a lost store.
+
+    Everything it does to processes goes through `processes` (workers.Processes by default),
+    and everything it learns arrives on `events`, so tests drive it with fakes.
+    """
+
+    def __init__(
+        self,
+        specs: Sequence[RankSpec],
+        *,
+        attempt: int,
+        events: queue.SimpleQueue,
+        report: Callable[[dict[str, Any]], dict[str, Any] | None],
+        grace: float,
+        hang_warning: float,
+        processes: w.Processes | None = None,
+    ) -> None:
+        self.specs = specs
+        self.procs = processes or w.Processes()
+        self.attempt = attempt
+        self.events = events
+        self._report = report  # publishes the job's first failure (never raises)
+        self.grace = grace
+        self.hang_warning = hang_warning
+        self.outcome = Outcome(exits=[])
+        self._deadline: float | None = None
+        self._stragglers: list = []
+        self._hung: set[int] = set()
+        self.bindings = BindingCheck()
+
+    def run(self, start: Callable[[], list[w.Worker]]) -> Outcome:
+        self.workers = start()
+        alive = len(self.workers)
+        while alive:
+            event = self._next_event()
+            if event is None:
+                continue
+            if isinstance(event, w.RankExited):
+                alive -= 1
+                self._on_exit(event)
+            elif isinstance(event, AbortSeen) and event.attempt == self.attempt:
+                self._on_abort(event.record)
+            elif isinstance(event, StoreLost):
+                self.outcome.store_lost = self.outcome.store_lost or event.why
+                self._stop("the job store is gone: node 0's agent died or the network broke")
+            elif isinstance(event, Signalled):
+                self._on_signal(event.signum)
+        self.procs.kill(self._stragglers)
+        return self.outcome
+
+    # -- events ---------------------------------------------------------------------------
+    def _next_event(self):
+        timeout = 0.05 if self.bindings.pending(self.workers) else 1.0
+        if self._deadline is not None:
+            timeout = max(0.0, min(timeout, self._deadline - time.monotonic()))
+        try:
+            return self.events.get(timeout=timeout)
+        except queue.Empty:
+            if self._deadline is not None and time.monotonic() >= self._deadline:
+                log.warning("grace period over: SIGKILL to ranks still running")
+                self.procs.signal_all(self.workers, signal.SIGKILL)
+                self.procs.kill(self._stragglers)
+                self._deadline = float("inf")
+            self._check_hangs()
+            self.outcome.warnings += self.bindings.verify(self.workers)
+            return None
+
+    def _on_exit(self, event: w.RankExited) -> None:
+        worker = self.workers[event.index]
+        worker.returncode, worker.end = event.returncode, event.when
+        state = "succeeded" if event.returncode == 0 else "failed"
+        if worker.terminated and event.returncode != 0:
+            state = "terminated"
+        exit = RankExit(
+            worker.spec.rank,
+            worker.spec.local_rank,
+            worker.spec.node_rank,
+            worker.spec.host,
+            worker.proc.pid,
+            event.returncode,
+            state,
+            worker.start,
+            event.when,
+            self.attempt,
+            self.bindings.seen.get(worker.spec.rank),
+        )
+        self.outcome.exits.append(exit)
+        if state == "failed" and self._deadline is None:
+            worker.err.done.wait(1.0)  # let the pipe drain so the record has its last words
+            record = failure_record(
+                exit, self._stderr_tail(worker), _read_error_file(worker.spec.error_file)
+            )
+            self.outcome.failure = self._report(record) or record
+            self._stop(f"rank {exit.rank} {record['how']}")
+
+    def _on_abort(self, record: dict[str, Any]) -> None:
+        if "refused" in record:
+            self.outcome.refused = record["refused"]
+            self._stop(f"refused the abort record: {record['refused']}")
+            return
+        if self._deadline is None:
+            where = (
+                f"rank {record['rank']} on {record['host']}"
+                if record.get("kind") == "rank"
+                else record.get("host")
+            )
+            self._stop(
+                f"failure elsewhere ({where}: {record.get('how')})", _operator_signal(record)
+            )
+
+    def _on_signal(self, signum: int) -> None:
+        name = signal.Signals(signum).name
+        if signum not in STOP:
+            log.info("forwarding %s to every rank of this node", name)
+            self.procs.signal_all(self.workers, signum)
+            return
+        if self.outcome.signum is None:
+            self.outcome.signum = signum
+            if self._deadline is None:
+                spec = self.specs[0] if self.specs else None
+                record = node_failure(
+                    "signal",
+                    spec.node_rank if spec else -1,
+                    spec.host if spec else "?",
+                    f"agent received {name}",
+                    time.time(),
+                )
+                record["signal"] = name  # peers stop their ranks with the same signal
+                self.outcome.failure = self._report(record) or record
+            elif signum != signal.SIGTERM:
+                # Already stopping for a peer's reason: the operator's signal still reaches the ranks.
+                self.procs.signal_all(self.workers, signum)
+            self._stop(f"received {name}", signum)
+
+    def _stop(self, why: str, signum: int = signal.SIGTERM) -> None:
+        """SIGTERM (or the signal we got) to every rank's group now; SIGKILL after the grace."""
+        if self._deadline is not None:
+            return
+        log.warning("tearing down this node: %s", why)
+        for worker in self.workers:
+            if worker.returncode is None:
+                worker.terminated = True
+        self._stragglers = self.procs.descendants(self.workers)
+        self.procs.signal_all(self.workers, signum)
+        self._deadline = time.monotonic() + self.grace
+
+    # -- helpers --------------------------------------------------------------------------
+    def _stderr_tail(self, worker: w.Worker) -> list[str]:
+        text = b"".join(worker.err.tail).decode("utf-8", "replace")
+        return text.splitlines()[-20:]
+
+    def _check_hangs(self) -> None:
+        now = time.monotonic()
+        for worker in self.workers:
+            if worker.returncode is not None or worker.spec.rank in self._hung:
+                continue
+            last = max(worker.out.last_output, worker.err.last_output)
+            if now - last > self.hang_warning:
+                self._hung.add(worker.spec.rank)
+                msg = f"rank {worker.spec.rank} has printed nothing for {now - last:.0f}s (--hang-warning)"
+                self.outcome.warnings.append(msg)
+                log.warning(msg)
+
+
+def _operator_signal(record: dict[str, Any]) -> int:
+    """Ctrl-C on one node reaches every rank as SIGINT, not as a SIGTERM teardown."""
+    name = record.get("signal") if record.get("kind") == "signal" else None
+    allowed = {s.name: s for s in STOP}
+    return allowed.get(name, signal.SIGTERM) if isinstance(name, str) else signal.SIGTERM
+
+
+def _read_error_file(path: str) -> dict[str, Any] | None:
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None

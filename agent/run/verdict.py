@@ -1,0 +1,66 @@
+"""The verdict on one attempt (pure): every node's result → exit code, restart or not, root cause."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from agent.errors import ExitCode
+from agent.run.summary import RankExit
+
+
+@dataclass(frozen=True)
+class Verdict:
+    code: int
+    restart: bool
+    root_cause: Mapping[str, Any] | None
+    record: Mapping[str, Any]  # this attempt in summary.json: root cause, ranks, lost nodes
+
+
+def root_cause(failures: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
+    """The failure the store saw first (lowest sequence number); the rest are consequences."""
+    ranked = [f for f in failures if f and f.get("kind") != "closed"]
+    return min(ranked, key=lambda f: f.get("seq", float("inf"))) if ranked else None
+
+
+def judge(
+    attempt: int,
+    results: Sequence[Mapping[str, Any]],
+    failures: Sequence[Mapping[str, Any]],
+    max_restarts: int,
+) -> Verdict:
+    """`results`: one per agent ({"exits": [...], "signal", "refused", ...} or {"lost": True,
+    "node", "host"}); `failures`: every failure record published in this attempt."""
+    cause = root_cause(failures)
+    ranks = [dict(e) for r in results for e in r.get("exits", [])]
+    lost = [r for r in results if r.get("lost")]
+    for r in lost:
+        gone = RankExit(-1, -1, r["node"], r["host"], None, None, "lost", 0.0, None, attempt)
+        ranks.append(gone.to_json())
+    code = _code(cause, ranks, lost, results)
+    signalled = any(r.get("signal") for r in results)
+    # An operator's stop is final, and the same world cannot run again without a lost node.
+    restart = code != ExitCode.OK and attempt < max_restarts and not signalled and not lost
+    record = {
+        "attempt": attempt,
+        "root_cause": dict(cause) if cause else None,
+        "ranks": sorted(ranks, key=lambda e: e["rank"]),
+        "lost_nodes": [r["node"] for r in lost],
+    }
+    return Verdict(int(code), restart, cause, record)
+
+
+def _code(
+    cause: Mapping[str, Any] | None,
+    ranks: Sequence[Mapping[str, Any]],
+    lost: Sequence[Mapping[str, Any]],
+    results: Sequence[Mapping[str, Any]],
+) -> ExitCode:
+    if any(r.get("refused") for r in results):
+        return ExitCode.REFUSED
+    if lost or (cause and cause.get("kind") == "lost"):
+        return ExitCode.RENDEZVOUS
+    if any(e["state"] == "failed" for e in ranks) or cause is not None:
+        return ExitCode.RANK_FAILED
+    return ExitCode.OK

@@ -1,0 +1,159 @@
+"""Spawn the ranks of one node, watch them exit, signal them, tear them down (psutil)."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import queue
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+import psutil
+
+from agent.console.router import LogRouter, Stream
+from agent.plan.ranks import RankSpec
+
+CHILD_WRAPPER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "child.py")
+
+
+@dataclass(frozen=True)
+class RankExited:
+    index: int  # position in the node's rank list
+    returncode: int
+    when: float
+
+
+@dataclass
+class Worker:
+    spec: RankSpec
+    proc: subprocess.Popen
+    start: float
+    out: object
+    err: object
+    returncode: int | None = None
+    end: float | None = None
+    terminated: bool = False  # we signalled it during teardown
+
+
+def _wrapped(spec: RankSpec) -> list[str]:
+    p = spec.placement
+    cpus = ",".join(map(str, p.cpus)) if p.cpus else "-"
+    mems = ",".join(map(str, p.mem_nodes)) if p.mem_nodes else "-"
+    policy = "strict" if p.strict else "preferred"
+    return [
+        sys.executable,
+        "-S",
+        "-E",
+        CHILD_WRAPPER,
+        str(os.getpid()),
+        cpus,
+        mems,
+        policy,
+        child_paths(),
+        "--",
+        *spec.argv,
+    ]
+
+
+@functools.cache
+def child_paths() -> str:
+    """Where the wrapper finds our package and py-libnuma without running site (see child.py)."""
+    import importlib.util
+
+    dirs = [os.path.dirname(os.path.dirname(os.path.dirname(CHILD_WRAPPER)))]
+    spec = importlib.util.find_spec("numa")
+    if spec is not None and spec.origin:
+        dirs.append(os.path.dirname(os.path.dirname(spec.origin)))
+    return os.pathsep.join(dirs)
+
+
+def spawn(
+    specs: Sequence[RankSpec],
+    base_env: Mapping[str, str],
+    router: LogRouter,
+    prefix_for: Callable[[RankSpec], bytes],
+    console: Callable[[RankSpec], bool],
+    events: queue.SimpleQueue,
+) -> list[Worker]:
+    """Start every rank from the calling thread (PDEATHSIG follows the thread that forks)."""
+    workers = []
+    for index, spec in enumerate(specs):
+        env = dict(base_env)
+        env.update(spec.env)
+        proc = subprocess.Popen(
+            _wrapped(spec),
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+            close_fds=True,
+        )
+        prefix = prefix_for(spec)
+        show = console(spec)
+        out = router.add(
+            os.dup(proc.stdout.fileno()), Stream(spec.rank, "out", spec.out_path, prefix, show)
+        )
+        err = router.add(
+            os.dup(proc.stderr.fileno()), Stream(spec.rank, "err", spec.err_path, prefix, show)
+        )
+        proc.stdout.close()
+        proc.stderr.close()
+        worker = Worker(spec, proc, time.time(), out, err)
+        workers.append(worker)
+        threading.Thread(
+            target=_wait, args=(index, proc, events), name=f"wait-{spec.rank}", daemon=True
+        ).start()
+    return workers
+
+
+def _wait(index: int, proc: subprocess.Popen, events: queue.SimpleQueue) -> None:
+    returncode = proc.wait()
+    events.put(RankExited(index, returncode, time.time()))
+
+
+def signal_all(workers: Sequence[Worker], signum: int) -> None:
+    for worker in workers:
+        if worker.returncode is None:
+            _killpg(worker.proc.pid, signum)
+
+
+def _killpg(pid: int, signum: int) -> None:
+    try:
+        os.killpg(pid, signum)  # each rank leads its own session: reaches its dataloaders too
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def descendants(workers: Sequence[Worker]) -> list[psutil.Process]:
+    """Children that left the rank's process group (setsid) would escape killpg: track them."""
+    found = []
+    for worker in workers:
+        if worker.returncode is None:
+            with contextlib.suppress(psutil.Error):
+                found += psutil.Process(worker.proc.pid).children(recursive=True)
+    return found
+
+
+def kill_stragglers(processes: Sequence[psutil.Process]) -> None:
+    for proc in processes:
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+
+
+class Processes:
+    """What the supervisor does to processes; tests pass a fake with the same three methods."""
+
+    def signal_all(self, workers: Sequence[Worker], signum: int) -> None:
+        signal_all(workers, signum)
+
+    def descendants(self, workers: Sequence[Worker]) -> list[psutil.Process]:
+        return descendants(workers)
+
+    def kill(self, processes: Sequence[psutil.Process]) -> None:
+        kill_stragglers(processes)

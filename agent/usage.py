@@ -1,0 +1,21 @@
+"""The project's one argparse parser: a usage error is one AgentError line, never a usage dump."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any, NoReturn
+
+from agent.errors import AgentError
+
+
+class Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors raise AgentError (exit 2) as one line:
+    `[SUBCOMMAND: ]MESSAGE (see PROG --help)`, e.g. `logs: ... (see python -m agent logs --help)`."""
+
+    def __init__(self, *args: Any, subcommand: str = "", **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.subcommand = subcommand
+
+    def error(self, message: str) -> NoReturn:
+        head = f"{self.subcommand}: " if self.subcommand else ""
+        raise AgentError(f"{head}{message} (see {self.prog} --help)")

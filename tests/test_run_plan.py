@@ -1,0 +1,105 @@
+"""The one plan value: decided once on node 0, carried as JSON, the same on every node."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from cluster import REPO, base_env
+
+from agent.errors import AgentError
+from agent.plan.run_plan import Request, RunPlan, decide, node_layout, rank_specs
+from agent.plan.topology import read_topology
+from agent.world import world_from_env
+
+
+def _topology(root: str):
+    return read_topology(Path(root))
+
+
+def _decide(tmp_path: Path, script: str, configs=(), given=None) -> RunPlan:
+    world = world_from_env({}, hostname="vm")
+    request = Request(
+        script,
+        tuple(configs),
+        ("--x", "1"),
+        (),
+        {"log_dir": str(tmp_path / "logs"), **(given or {})},
+    )
+    return decide(request, world, {}, _topology)
+
+
+def test_the_plan_round_trips_through_json(tmp_path):
+    config = tmp_path / "c.yml"
+    config.write_text("lr: 0.1\nlauncher: {max_restarts: 2, grace: 1.5}\n")
+    script = tmp_path / "train.py"
+    script.write_text("")
+    plan = _decide(tmp_path, str(script), [str(config)], {"nproc_per_node": "3"})
+    again = RunPlan.from_json(json.loads(json.dumps(plan.to_json())))
+    assert again == plan
+    assert (plan.options.max_restarts, plan.options.grace, plan.options.nproc_per_node) == (
+        2,
+        1.5,
+        "3",
+    )
+    assert (plan.world_size, plan.nnodes, plan.nproc_per_node) == (3, 1, 3)
+    assert plan.payload.config["lr"] == 0.1 and "launcher" not in plan.payload.config
+
+
+def test_the_command_line_wins_over_the_launcher_section(tmp_path):
+    config = tmp_path / "c.yml"
+    config.write_text("launcher: {max_restarts: 2}\n")
+    (tmp_path / "t.py").write_text("")
+    plan = _decide(tmp_path, str(tmp_path / "t.py"), [str(config)], {"max_restarts": 5})
+    assert plan.options.max_restarts == 5
+
+
+def test_launcher_module_key_makes_the_script_a_module(tmp_path):
+    """`launcher: {module: true}` is honoured: no script file is needed, ranks run python -m."""
+    config = tmp_path / "c.yml"
+    config.write_text("launcher: {module: true}\n")
+    plan = _decide(tmp_path, "my.package.train", [str(config)])
+    world = world_from_env({}, hostname="vm")
+    lay = node_layout(plan, world, {}, _topology("/"))
+    (spec,) = rank_specs(plan, world, lay, attempt=0, port=1, config_file="c.json", environ={})
+    assert spec.argv[1:4] == ("-m", "my.package.train", "--x")
+
+
+def test_without_the_module_key_a_missing_script_is_refused(tmp_path):
+    with pytest.raises(AgentError, match="script 'my.package.train' not found"):
+        _decide(tmp_path, "my.package.train")
+
+
+def test_a_plan_of_another_shape_is_refused():
+    with pytest.raises(AgentError, match="unexpected shape"):
+        RunPlan.from_json({"script": "x"})
+
+
+@pytest.mark.parametrize("how", ["config", "flag"])
+def test_module_runs_like_python_m(tmp_path, how):
+    """End to end, one node: the rank runs `python -m hello_mod` from the config key or -m."""
+    (tmp_path / "hello_mod.py").write_text("import sys\nprint('module', __name__, sys.argv[1:])\n")
+    (tmp_path / "c.yml").write_text("launcher: {module: true}\n" if how == "config" else "x: 1\n")
+    flag = ["-m"] if how == "flag" else []
+    argv = [
+        sys.executable,
+        "-m",
+        "agent",
+        "--nproc-per-node",
+        "1",
+        "--log-dir",
+        "logs",
+        *flag,
+        "hello_mod",
+        "c.yml",
+        "--",
+        "a",
+    ]
+    env = base_env(tmp_path)
+    env["PYTHONPATH"] = str(REPO)
+    done = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "logs" / "rank-00000.out").read_text() == "module __main__ ['a']\n"

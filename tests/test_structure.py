@@ -1,0 +1,240 @@
+"""Structural gates for the agent/ package, read with `ast` only (nothing is imported or run):
+no import cycles, no oversized modules, a real sub-package layout, no names that shadow builtins."""
+
+from __future__ import annotations
+
+import ast
+import builtins
+from collections import deque
+from collections.abc import Collection, Iterable, Mapping
+from functools import cache
+from pathlib import Path
+
+import pytest
+
+AGENT = Path(__file__).resolve().parents[1] / "agent"
+MAX_LINES = 250
+MIN_SUBPACKAGES = 5
+BUILTIN_NAMES = frozenset(name for name in dir(builtins) if not name.startswith("_"))
+
+Graph = Mapping[str, Iterable[str]]
+
+
+@cache
+def agent_modules() -> dict[str, tuple[Path, str, ast.Module]]:
+    """Dotted name -> (file, source, tree) for every module under agent/; packages by __init__."""
+    found = {}
+    for path in sorted(AGENT.rglob("*.py")):
+        parts = path.relative_to(AGENT.parent).with_suffix("").parts
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        source = path.read_text(encoding="utf-8")
+        found[".".join(parts)] = (path, source, ast.parse(source, str(path)))
+    return found
+
+
+def resolve(target: str, known: Collection[str]) -> str | None:
+    """The longest prefix of a dotted name that is a known module, or None."""
+    while target and target not in known:
+        target = target.rpartition(".")[0]
+    return target or None
+
+
+def imported_modules(
+    tree: ast.AST, name: str, is_package: bool, known: Collection[str]
+) -> set[str]:
+    """Known modules that `name` imports anywhere in its body, lazy imports included.
+
+    `from agent.pkg import mod` resolves to agent.pkg.mod when that is a module, else agent.pkg.
+    """
+    package = name if is_package else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: max(0, package.count(".") + 2 - node.level)]
+                base = ".".join([*anchor, base] if base else anchor)
+            targets = [f"{base}.{alias.name}" for alias in node.names]
+        else:
+            continue
+        found.update(t for t in (resolve(t, known) for t in targets) if t and t != name)
+    return found
+
+
+def import_graph() -> tuple[dict[str, set[str]], set[str]]:
+    """The import graph of agent/ and the set of its packages."""
+    modules = agent_modules()
+    packages = {name for name, (path, _, _) in modules.items() if path.name == "__init__.py"}
+    graph = {
+        name: imported_modules(tree, name, name in packages, modules)
+        for name, (_, _, tree) in modules.items()
+    }
+    return graph, packages
+
+
+def edges(graph: Graph, packages: Collection[str], node: str) -> list[str]:
+    """Imports of `node` that can close a cycle: not itself, and not (for a package) its children."""
+    return [
+        dep
+        for dep in graph.get(node, ())
+        if dep != node and not (node in packages and dep.startswith(node + "."))
+    ]
+
+
+def find_cycles(graph: Graph, packages: Collection[str] = ()) -> list[list[str]]:
+    """Strongly connected components with more than one member (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for dep in edges(graph, packages, node):
+            if dep not in index:
+                visit(dep)
+                low[node] = min(low[node], low[dep])
+            elif dep in on_stack:
+                low[node] = min(low[node], index[dep])
+        if low[node] == index[node]:
+            component = []
+            while not component or component[-1] != node:
+                component.append(stack.pop())
+                on_stack.discard(component[-1])
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return sorted(cycles)
+
+
+def cycle_path(graph: Graph, packages: Collection[str], members: list[str]) -> list[str]:
+    """One concrete import loop through the first member of a cycle, for the failure message."""
+    start, inside = members[0], set(members)
+    came_from: dict[str, str] = {}
+    queue = deque([start])
+    while queue:
+        node = queue.popleft()
+        for dep in edges(graph, packages, node):
+            if dep == start:
+                path = [node]
+                while path[-1] != start:
+                    path.append(came_from[path[-1]])
+                return [*reversed(path), start]
+            if dep in inside and dep not in came_from:
+                came_from[dep] = node
+                queue.append(dep)
+    return members
+
+
+@pytest.mark.parametrize(
+    ("graph", "packages", "expected"),
+    [
+        pytest.param({"a": {"b"}, "b": {"c"}, "c": {"a"}}, (), [["a", "b", "c"]], id="cycle"),
+        pytest.param({"a": {"b", "c"}, "b": {"c"}, "c": set()}, (), [], id="dag"),
+        pytest.param({"a": {"a"}}, (), [], id="self-import"),
+        pytest.param(
+            {"a": {"b"}, "b": {"a"}, "c": {"d"}, "d": {"e"}, "e": {"d", "f"}, "f": set()},
+            (),
+            [["a", "b"], ["d", "e"]],
+            id="two-cycles",
+        ),
+        pytest.param(
+            {"agent.p": {"agent.p.m"}, "agent.p.m": {"agent.p"}},
+            {"agent.p"},
+            [],
+            id="package-init-imports-own-child",
+        ),
+        pytest.param(
+            {"agent.p": {"agent.p.m"}, "agent.p.m": {"agent.p"}},
+            (),
+            [["agent.p", "agent.p.m"]],
+            id="same-edges-not-a-package",
+        ),
+        pytest.param(
+            {"agent.p": {"agent.px"}, "agent.px": {"agent.p"}},
+            {"agent.p"},
+            [["agent.p", "agent.px"]],
+            id="name-prefix-is-not-a-child",
+        ),
+    ],
+)
+def test_find_cycles(graph, packages, expected):
+    """The cycle finder reports every loop, passes DAGs, and ignores self-imports and a package
+    __init__ importing its own sub-modules, so the cycle gate below cannot pass vacuously."""
+    assert find_cycles(graph, packages) == expected
+    for members in expected:
+        path = cycle_path(graph, packages, members)
+        assert path[0] == path[-1] == members[0] and set(path) == set(members)
+
+
+KNOWN = {"agent", "agent.errors", "agent.pkg", "agent.pkg.mod", "agent.pkg.sub", "agent.other"}
+
+
+@pytest.mark.parametrize(
+    ("source", "name", "is_package", "expected"),
+    [
+        ("import agent.pkg.mod", "agent.other", False, {"agent.pkg.mod"}),
+        ("from agent.pkg import mod, helper", "agent.other", False, {"agent.pkg.mod", "agent.pkg"}),
+        ("from agent.pkg.mod import thing", "agent.other", False, {"agent.pkg.mod"}),
+        ("from . import sub", "agent.pkg.mod", False, {"agent.pkg.sub"}),
+        ("from .sub import x", "agent.pkg", True, {"agent.pkg.sub"}),
+        ("from ..errors import E", "agent.pkg.mod", False, {"agent.errors"}),
+        ("def f():\n    from agent.other import x", "agent.pkg.mod", False, {"agent.other"}),
+        ("import os\nfrom rich import print", "agent.other", False, set()),
+        ("from agent.other import y", "agent.other", False, set()),
+    ],
+)
+def test_imported_modules(source, name, is_package, expected):
+    """Absolute, relative and function-local imports resolve to the agent modules they load."""
+    assert imported_modules(ast.parse(source), name, is_package, KNOWN) == expected
+
+
+def test_no_import_cycles():
+    """No set of agent modules imports each other in a loop (lazy imports count): loops make
+    import order matter and break on partial initialisation."""
+    graph, packages = import_graph()
+    assert len(graph) >= 10 and any(graph.values()), "agent/ import graph looks empty"
+    loops = [" -> ".join(cycle_path(graph, packages, c)) for c in find_cycles(graph, packages)]
+    assert not loops, "import cycles among agent modules:\n" + "\n".join(loops)
+
+
+def test_modules_are_short():
+    """Every module under agent/ stays within MAX_LINES lines, so none grows into a grab-bag."""
+    long = {
+        name: len(source.splitlines())
+        for name, (_, source, _) in agent_modules().items()
+        if len(source.splitlines()) > MAX_LINES
+    }
+    report = ", ".join(f"{name} ({count})" for name, count in sorted(long.items()))
+    assert not long, f"modules over {MAX_LINES} lines: {report}"
+
+
+def test_agent_has_subpackages():
+    """agent/ is organised into at least MIN_SUBPACKAGES sub-packages rather than a flat list."""
+    subpackages = sorted(init.parent.name for init in AGENT.glob("*/__init__.py"))
+    assert len(subpackages) >= MIN_SUBPACKAGES, f"only {len(subpackages)}: {subpackages}"
+
+
+def test_no_builtin_names():
+    """No agent module or top-level function is named after a Python builtin (input, exec, ...),
+    which would shadow it for readers and for code that imports the name."""
+    clashes = []
+    for name, (_, _, tree) in agent_modules().items():
+        if name.rpartition(".")[2] in BUILTIN_NAMES:
+            clashes.append(f"module {name}")
+        clashes += [
+            f"function {node.name} in {name} (line {node.lineno})"
+            for node in tree.body
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+            and node.name in BUILTIN_NAMES
+        ]
+    assert not clashes, "names that shadow builtins: " + ", ".join(clashes)

@@ -1,0 +1,183 @@
+"""The supervisor of one node's attempt, driven by fake events and fake processes (no children)."""
+
+from __future__ import annotations
+
+import queue
+import signal
+import threading
+
+from agent.node.signals import Signalled
+from agent.plan.ranks import Placement, RankSpec
+from agent.run.supervisor import AbortSeen, StoreLost, Supervisor
+from agent.run.workers import RankExited, Worker
+
+
+class FakeStream:
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.done.set()
+        self.tail = [b"last words\n"]
+        self.last_output = float("inf")  # never silent: no hang warnings
+
+
+class FakeProc:
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+
+
+class FakeProcesses:
+    """Records every signal; ranks react as real ones would (die by it, unless they ignore it)."""
+
+    def __init__(self, events: queue.SimpleQueue, ignores_term: set[int] = frozenset()) -> None:
+        self.events = events
+        self.ignores_term = ignores_term
+        self.sent: list[tuple[int, int]] = []  # (rank, signal)
+
+    def signal_all(self, workers, signum: int) -> None:
+        for index, worker in enumerate(workers):
+            if worker.returncode is not None:
+                continue
+            self.sent.append((worker.spec.rank, signum))
+            if signum in (signal.SIGUSR1, signal.SIGUSR2):
+                continue
+            if signum == signal.SIGKILL or worker.spec.rank not in self.ignores_term:
+                self.events.put(RankExited(index, -signum, 1.0))
+
+    def descendants(self, workers):
+        return []
+
+    def kill(self, processes) -> None:
+        pass
+
+
+def _spec(rank: int) -> RankSpec:
+    return RankSpec(
+        rank=rank,
+        local_rank=rank,
+        local_world_size=3,
+        node_rank=0,
+        host="n0",
+        placement=Placement(),
+        argv=("train.py",),
+        env={},
+        out_path="/nonexistent/out",
+        err_path="/nonexistent/err",
+        error_file="/nonexistent/error.json",
+    )
+
+
+def _supervisor(events, processes, reports, grace=5.0, attempt=0):
+    specs = [_spec(r) for r in range(3)]
+
+    def report(record):
+        reports.append(record)
+        return {**record, "seq": len(reports)}
+
+    sup = Supervisor(
+        specs,
+        attempt=attempt,
+        events=events,
+        report=report,
+        grace=grace,
+        hang_warning=1e9,
+        processes=processes,
+    )
+    workers = [Worker(s, FakeProc(1000 + s.rank), 0.0, FakeStream(), FakeStream()) for s in specs]
+    return sup, (lambda: workers)
+
+
+def _states(outcome) -> dict[int, str]:
+    return {e.rank: e.state for e in outcome.exits}
+
+
+def test_a_failing_rank_is_reported_once_and_the_others_are_terminated():
+    events, reports = queue.SimpleQueue(), []
+    procs = FakeProcesses(events)
+    sup, start = _supervisor(events, procs, reports)
+    events.put(RankExited(1, 3, 1.0))
+    outcome = sup.run(start)
+    assert [(r["kind"], r["rank"], r["returncode"]) for r in reports] == [("rank", 1, 3)]
+    assert reports[0]["stderr_tail"] == ["last words"]
+    assert outcome.failure["seq"] == 1
+    assert sorted(procs.sent) == [(0, signal.SIGTERM), (2, signal.SIGTERM)]
+    assert _states(outcome) == {0: "terminated", 1: "failed", 2: "terminated"}
+
+
+def test_an_abort_elsewhere_tears_down_without_reporting():
+    events, reports = queue.SimpleQueue(), []
+    procs = FakeProcesses(events)
+    sup, start = _supervisor(events, procs, reports, attempt=2)
+    events.put(
+        AbortSeen(1, {"kind": "rank", "rank": 9, "host": "x", "how": "stale"})
+    )  # old attempt
+    events.put(AbortSeen(2, {"kind": "rank", "rank": 9, "host": "x", "how": "exit code 1"}))
+    outcome = sup.run(start)
+    assert reports == [] and outcome.failure is None
+    assert sorted(procs.sent) == [(0, signal.SIGTERM), (1, signal.SIGTERM), (2, signal.SIGTERM)]
+    assert set(_states(outcome).values()) == {"terminated"}
+
+
+def test_a_rank_ignoring_sigterm_is_killed_after_the_grace_period():
+    events, reports = queue.SimpleQueue(), []
+    procs = FakeProcesses(events, ignores_term={2})
+    sup, start = _supervisor(events, procs, reports, grace=0.05)
+    events.put(RankExited(0, 1, 1.0))
+    outcome = sup.run(start)
+    assert (2, signal.SIGKILL) in procs.sent and (1, signal.SIGKILL) not in procs.sent
+    assert _states(outcome)[2] == "terminated"
+
+
+def test_sigusr1_is_forwarded_and_the_attempt_goes_on():
+    events, reports = queue.SimpleQueue(), []
+    procs = FakeProcesses(events)
+    sup, start = _supervisor(events, procs, reports)
+    events.put(Signalled(signal.SIGUSR1))
+    for index in range(3):
+        events.put(RankExited(index, 0, 1.0))
+    outcome = sup.run(start)
+    assert procs.sent == [(0, signal.SIGUSR1), (1, signal.SIGUSR1), (2, signal.SIGUSR1)]
+    assert set(_states(outcome).values()) == {"succeeded"} and outcome.signum is None
+
+
+def test_sigint_to_the_agent_is_reported_and_reaches_ranks_as_sigint():
+    events, reports = queue.SimpleQueue(), []
+    procs = FakeProcesses(events)
+    sup, start = _supervisor(events, procs, reports)
+    events.put(Signalled(signal.SIGINT))
+    outcome = sup.run(start)
+    assert [(r["kind"], r["signal"]) for r in reports] == [("signal", "SIGINT")]
+    assert {s for _, s in procs.sent} == {signal.SIGINT}
+    assert outcome.signum == signal.SIGINT
+
+
+def test_an_operator_signal_elsewhere_reaches_ranks_as_that_signal():
+    events, reports = queue.SimpleQueue(), []
+    procs = FakeProcesses(events)
+    sup, start = _supervisor(events, procs, reports)
+    events.put(
+        AbortSeen(
+            0, {"kind": "signal", "signal": "SIGINT", "host": "n1", "how": "agent received SIGINT"}
+        )
+    )
+    sup.run(start)
+    assert {s for _, s in procs.sent} == {signal.SIGINT}
+
+
+def test_a_lost_store_tears_down_and_says_so():
+    events, reports = queue.SimpleQueue(), []
+    procs = FakeProcesses(events)
+    sup, start = _supervisor(events, procs, reports)
+    events.put(StoreLost("lost the job store at 10.0.0.1:29500"))
+    outcome = sup.run(start)
+    assert outcome.store_lost == "lost the job store at 10.0.0.1:29500"
+    assert {s for _, s in procs.sent} == {signal.SIGTERM} and reports == []
+
+
+def test_a_refused_abort_record_tears_down_and_is_kept():
+    events, reports = queue.SimpleQueue(), []
+    procs = FakeProcesses(events)
+    sup, start = _supervisor(events, procs, reports)
+    events.put(AbortSeen(0, {"refused": "refusing abort record: unsigned"}))
+    outcome = sup.run(start)
+    assert outcome.refused == "refusing abort record: unsigned"
+    assert {s for _, s in procs.sent} == {signal.SIGTERM}

@@ -1,0 +1,52 @@
+"""The verdict on an attempt (pure): exit code, restart or not, root cause — as tables."""
+
+from __future__ import annotations
+
+import pytest
+
+from agent.run.verdict import judge, root_cause
+
+
+def _exit(rank: int, state: str, code: int | None = 0) -> dict:
+    return {"rank": rank, "state": state, "returncode": code}
+
+
+OK = {"exits": [_exit(0, "succeeded"), _exit(1, "succeeded")]}
+FAILED = {"exits": [_exit(2, "failed", 3), _exit(3, "terminated", -15)]}
+LOST = {"lost": True, "node": 1, "host": "n1", "exits": []}
+RANK_FAILURE = {"kind": "rank", "rank": 2, "how": "exit code 3", "seq": 1}
+LOST_FAILURE = {"kind": "lost", "node_rank": 1, "how": "node 1 lost", "seq": 2}
+
+
+@pytest.mark.parametrize(
+    ("results", "failures", "attempt", "max_restarts", "code", "restart"),
+    [
+        ([OK, OK], [], 0, 0, 0, False),
+        ([OK, FAILED], [RANK_FAILURE], 0, 0, 1, False),
+        ([OK, FAILED], [RANK_FAILURE], 0, 2, 1, True),
+        ([OK, FAILED], [RANK_FAILURE], 2, 2, 1, False),  # restarts used up
+        ([OK, LOST], [LOST_FAILURE], 0, 0, 3, False),
+        ([OK, LOST], [LOST_FAILURE], 0, 5, 3, False),  # the same world cannot run without it
+        ([OK, {**FAILED, "refused": "forged abort record"}], [RANK_FAILURE], 0, 3, 4, True),
+        ([OK, {**FAILED, "signal": 2}], [RANK_FAILURE], 0, 3, 1, False),  # an operator stop
+        ([OK, OK], [{"kind": "signal", "how": "agent received SIGTERM", "seq": 1}], 0, 0, 1, False),
+    ],
+)
+def test_exit_code_and_restart(results, failures, attempt, max_restarts, code, restart):
+    verdict = judge(attempt, results, failures, max_restarts)
+    assert (verdict.code, verdict.restart) == (code, restart)
+
+
+def test_root_cause_is_the_failure_the_store_saw_first():
+    later = {"kind": "rank", "rank": 7, "how": "exit code 1", "seq": 4}
+    assert root_cause([later, LOST_FAILURE, RANK_FAILURE]) == RANK_FAILURE
+    assert root_cause([{"kind": "closed"}]) is None
+    assert root_cause([]) is None
+
+
+def test_the_attempt_record_lists_every_rank_and_the_lost_nodes():
+    verdict = judge(1, [FAILED, OK, LOST], [LOST_FAILURE, RANK_FAILURE], 0)
+    record = verdict.record
+    assert record["attempt"] == 1 and record["root_cause"] == RANK_FAILURE
+    assert [r["rank"] for r in record["ranks"]] == [-1, 0, 1, 2, 3]
+    assert record["ranks"][0]["state"] == "lost" and record["lost_nodes"] == [1]
