@@ -271,7 +271,9 @@ def test_missing_node_is_named_after_rdzv_timeout(cluster_factory, tmp_path):
     assert codes == [3, 3, 3], cluster.dump()
     for agent in cluster.agents:
         assert "node 3 (127.0.0.4) never arrived" in agent.stderr(), agent.stderr()
-        assert "(127.0.0.2) never" not in agent.stderr() and "(127.0.0.1) never" not in agent.stderr()
+        assert (
+            "(127.0.0.2) never" not in agent.stderr() and "(127.0.0.1) never" not in agent.stderr()
+        )
     assert not list(tmp_path.glob("ready-*")), "no rank may start"
 
 
