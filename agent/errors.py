@@ -31,5 +31,5 @@ class AgentError(Exception):
 class PeerFailed(AgentError):
     """Another node's failure ended this agent: reported there already, not to be told again."""
 
-    def __init__(self, message: str) -> None:
-        super().__init__(message, ExitCode.RENDEZVOUS)
+    def __init__(self, message: str, refused: bool = False) -> None:
+        super().__init__(message, ExitCode.REFUSED if refused else ExitCode.RENDEZVOUS)

@@ -14,6 +14,7 @@ import pytest
 from cluster import FIXTURE, REPO, base_env, slurm_env, wait_for
 
 from agent.node.store_client import StoreClient
+from agent.node.trust import JobKeys
 from agent.world import derive_port
 
 
@@ -143,7 +144,8 @@ def test_failure_reporter_dying_mid_report_still_ends_the_job(cluster_factory, t
     wait_for(lambda: len(list(tmp_path.glob("ready-*"))) == 2, 60, "both ranks to start")
     port = derive_port(cluster.job, cluster.step)
     store = StoreClient.connect("127.0.0.1", port, 10)
-    store.add(f"la/{cluster.job}/{cluster.step}/r0/a0/fail-seq", 1)  # the number it took
+    keys = JobKeys.derive(base_env(tmp_path)["AGENT_SECRET"].encode(), cluster.job, cluster.step)
+    store.add(keys.namespace + "r0/a0/fail-seq", 1)  # the number the dead reporter took
     os.killpg(cluster.agents[1].proc.pid, signal.SIGKILL)
     codes = _exited_within(cluster, 15.0)
     assert codes[0] == 3, cluster.dump()

@@ -1,10 +1,7 @@
-"""agent.signing: sealed JSON records and the shared secret; and no pickle anywhere."""
+"""The shared secret (env or 0600 file), and no pickle anywhere in the product."""
 
 from __future__ import annotations
 
-import hashlib
-import hmac
-import json
 import re
 import stat
 import subprocess
@@ -14,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from agent.errors import AgentError, ExitCode
-from agent.node.signing import SECRET_RELPATH, load_secret, seal, unseal
+from agent.node.signing import SECRET_RELPATH, load_secret
+from agent.node.trust import JobKeys
 
 REPO = Path(__file__).resolve().parents[1]
 KEY = b"0123456789abcdef" * 4
@@ -26,94 +24,7 @@ RECORD = {
 }
 
 
-def _refused(data: bytes, key: bytes = KEY) -> str:
-    with pytest.raises(AgentError) as excinfo:
-        unseal(data, key, WHAT)
-    assert excinfo.value.code == ExitCode.REFUSED
-    message = str(excinfo.value)
-    assert message.startswith(f"refusing {WHAT}: ")
-    assert "\n" not in message
-    return message
-
-
-def test_roundtrip():
-    assert unseal(seal(RECORD, KEY), KEY, WHAT) == RECORD
-
-
-def test_sealed_record_is_canonical_ascii_json():
-    sealed = seal({"b": 1, "a": [1, {"d": 2, "c": "\u00e9"}]}, KEY)
-    record = json.loads(sealed)
-    assert set(record) == {"body", "mac"}
-    assert record["body"] == '{"a":[1,{"c":"\\u00e9","d":2}],"b":1}'
-    assert re.fullmatch(r"[0-9a-f]{64}", record["mac"])
-    assert sealed.isascii()
-    assert seal({"a": [1, {"c": "\u00e9", "d": 2}], "b": 1}, KEY) == sealed
-
-
-def test_every_one_byte_change_is_refused():
-    sealed = seal(RECORD, KEY)
-    for index in range(len(sealed)):
-        altered = bytearray(sealed)
-        altered[index] ^= 0x01
-        _refused(bytes(altered))
-
-
-def test_an_altered_value_with_a_valid_format_is_refused():
-    record = json.loads(seal({"lr": 1}, KEY))
-    record["body"] = record["body"].replace("1", "2")
-    assert "does not match" in _refused(json.dumps(record).encode())
-
-
-def test_wrong_key_is_refused_with_the_shared_secret_hint():
-    message = _refused(seal(RECORD, KEY), key=b"another secret")
-    assert "does not match" in message
-    assert "AGENT_SECRET" in message
-
-
-NOT_SEALED = [
-    ("plain-json-payload", json.dumps(RECORD).encode(), "unsigned"),
-    ("body-only", json.dumps({"body": "{}"}).encode(), "unsigned"),
-    ("json-list", b"[1, 2]", "unsigned"),
-    ("empty", b"", "not a signed launch-agent record"),
-    ("not-json", b"\x80\x04\x95 pickle-like bytes", "not a signed launch-agent record"),
-    ("extra-key", json.dumps({"body": "{}", "mac": "0" * 64, "x": 1}).encode(), "not a signed launch-agent record"),
-    ("mac-not-str", json.dumps({"body": "{}", "mac": 1}).encode(), "not a signed launch-agent record"),
-    ("mac-short", json.dumps({"body": "{}", "mac": "abc"}).encode(), "signature is malformed"),
-    ("mac-upper-hex", json.dumps({"body": "{}", "mac": "A" * 64}).encode(), "signature is malformed"),
-    ("body-not-object", "[1]", "not a JSON object"),
-    ("body-not-json", "{", "not a JSON object"),
-]  # fmt: skip
-
-
-@pytest.mark.parametrize(
-    ("data", "fragment"), [c[1:] for c in NOT_SEALED], ids=[c[0] for c in NOT_SEALED]
-)
-def test_unsigned_or_malformed_records_are_refused(data, fragment):
-    if isinstance(data, str):  # a body signed with the right key that is still not an object
-        mac = hmac.new(KEY, data.encode(), hashlib.sha256).hexdigest()
-        data = json.dumps({"body": data, "mac": mac}).encode()
-    assert fragment in _refused(data)
-
-
-def test_unseal_refuses_str():
-    assert "expected bytes" in _refused(seal(RECORD, KEY).decode())  # type: ignore[arg-type]
-
-
-@pytest.mark.parametrize(
-    "obj", [{"x": float("nan")}, {"x": b"bytes"}, {"x": object()}], ids=["nan", "bytes", "object"]
-)
-def test_seal_refuses_what_json_cannot_carry(obj):
-    with pytest.raises(AgentError) as excinfo:
-        seal(obj, KEY)
-    assert "not plain JSON" in str(excinfo.value)
-
-
-def test_empty_key_is_an_error():
-    with pytest.raises(AgentError, match="secret is empty"):
-        seal(RECORD, b"")
-
-
-# --- the secret ----------------------------------------------------------------------------
+# --- the secret -------------------------------------------------------------------------
 
 
 def test_agent_secret_env_wins(tmp_path):
@@ -180,9 +91,10 @@ def test_empty_secret_file_is_an_error(tmp_path):
         load_secret({}, tmp_path)
 
 
-def test_signed_with_the_loaded_secret_roundtrips(tmp_path):
-    key = load_secret({}, tmp_path)
-    assert unseal(seal(RECORD, key), load_secret({}, tmp_path), WHAT) == RECORD
+def test_keys_derived_from_the_loaded_secret_open_each_others_records(tmp_path):
+    first = JobKeys.derive(load_secret({}, tmp_path), "7", "0")
+    again = JobKeys.derive(load_secret({}, tmp_path), "7", "0")
+    assert again.unseal(first.seal({"a": 1}, "k"), "k", "record") == {"a": 1}
 
 
 # --- no pickle -----------------------------------------------------------------------------

@@ -15,11 +15,12 @@ from agent.errors import AgentError, PeerFailed
 from agent.launch.cli import Command
 from agent.node.agent import NodeAgent, NodeSettings, lost_store_error
 from agent.node.signals import Interrupted
-from agent.node.signing import load_secret
+from agent.node.signing import SECRET_ENV, load_secret
 from agent.plan.options import resolve
 from agent.plan.run_plan import Request, decide
 from agent.plan.topology import read_topology
-from agent.run.summary import node_failure
+from agent.run import outputs
+from agent.run.summary import build_summary, job_record, node_failure
 from agent.world import WorldFlags, world_from_env
 
 
@@ -44,11 +45,12 @@ def launch(command: Command, environ: Mapping[str, str]) -> int:
         return print_plan(decide(request, world, environ, topology), world, environ, topology)
     settings = NodeSettings(options.rdzv_timeout, options.heartbeat_timeout, options.master_port)
     secret = load_secret(environ, Path.home())
+    environ.pop(SECRET_ENV, None)  # the ranks never see the job's secret
     agent = NodeAgent(world=world, settings=settings, secret=secret, environ=environ)
     agent.signals.install()
+    plan = None
     try:
         agent.connect()
-        plan = None
         if agent.leader:
             plan = decide(request, world, environ, topology)
             agent.offer(0, plan)
@@ -60,17 +62,30 @@ def launch(command: Command, environ: Mapping[str, str]) -> int:
         name = signal.Signals(exc.signum).name
         record = _failure("signal", world, f"agent received {name}")
         agent.farewell({**record, "signal": name}, record["how"])
+        _unfinished(plan, world, 128 + exc.signum, record)
         return 128 + exc.signum
     except AgentError as exc:
         # Ours to tell, unless another node's failure (told already) is what ended us.
         own = not isinstance(exc, PeerFailed)
         record = _failure("setup", world, exc.message) if own else None
         agent.farewell(record, exc.message, everyone=own)
+        _unfinished(plan, world, int(exc.code), record or {"kind": "join", "how": exc.message})
         raise
     except (RuntimeError, OSError) as exc:  # torch's DistNetworkError & co: node 0 went away
         raise lost_store_error(exc) from None
     finally:
         agent.close()
+
+
+def _unfinished(plan: Any, world: Any, code: int, cause: dict[str, Any]) -> None:
+    """Node 0, the run ended before its first attempt: summary.json still says why."""
+    if plan is None or os.path.exists(os.path.join(plan.log_dir, "summary.json")):
+        return
+    try:
+        outputs.prepare_log_dir(plan.log_dir)
+        outputs.write_summary(plan.log_dir, build_summary(job_record(world, plan), [], code, cause))
+    except (AgentError, OSError):
+        pass  # the log dir itself may be what failed
 
 
 def _failure(kind: str, world: Any, why: str) -> dict[str, Any]:

@@ -12,17 +12,19 @@ import contextlib
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from agent.errors import AgentError, ExitCode
-from agent.node import signing
+from agent.node import handshake
 from agent.node.membership import Membership
 from agent.node.reporter import Reporter
 from agent.node.scope import Scope
 from agent.node.signals import Signals
-from agent.node.store import Endpoint, Store, namespace
+from agent.node.store import Endpoint, Store, public_namespace
+from agent.node.trust import JobKeys, mismatch_message
 from agent.plan.run_plan import RunPlan
 from agent.world import World, derive_port
 
@@ -46,8 +48,7 @@ class NodeAgent:
         self.leader = world.agent_index == 0
         self.events: queue.SimpleQueue = queue.SimpleQueue()
         self.signals = Signals(self.events)
-        self.seal = lambda obj: signing.seal(obj, secret)
-        self.unseal = lambda data, what: signing.unseal(data, secret, what)
+        self.keys = JobKeys.derive(secret, world.job_id, world.step_id)
         self.stop = threading.Event()
         self.phase: Scope | None = None  # where a failure of ours is reported right now
         self.store: Store | None = None
@@ -78,7 +79,7 @@ class NodeAgent:
             or w.master_port
             or (derive_port(w.job_id, w.step_id) if w.agents > 1 else 0)
         )
-        ns = namespace(w.job_id, w.step_id)
+        ns = self.keys.namespace
         if self.leader:
             self.store = Store.host(
                 Endpoint(w.master_addr, port), ns, f"{w.host} (node 0)", alone=w.agents == 1
@@ -88,13 +89,31 @@ class NodeAgent:
             self.store = Store.connect(
                 Endpoint(w.master_addr, port), ns, self.settings.rdzv_timeout, who
             )
-        self.membership = Membership(
-            self.store, w.agents, w.agent_index, self.names, self.seal, self.unseal
-        )
+        public = self.store.under(public_namespace(w.job_id, w.step_id))
+        if self.leader:
+            handshake.announce(public, self.keys)
+            if w.agents > 1:
+                handshake.watch(public, self.keys, self.stop, self._mismatch)
+        else:
+            handshake.check(
+                public, self.keys, w.agent_index, self.settings.rdzv_timeout, self.names[0]
+            )
+        self.membership = Membership(self.store, w.agents, w.agent_index, self.names, self.keys)
         self.membership.claim(w.host)
         self.claimed = True
         self.reporter = Reporter(
             self.store.another_client(), self.world, self.membership, self.names
+        )
+
+    def _mismatch(self, index: int, theirs: str) -> None:
+        """Node 0: an agent holds another secret; end the join for everyone, naming it."""
+        if self.met or self.reporter is None:
+            return
+        name = self.names[index] if 0 <= index < len(self.names) else f"node {index}"
+        how = mismatch_message(self.keys.check_value, theirs, name)
+        record = {"kind": "secret", "node_rank": index, "how": how, "time": time.time()}
+        self.reporter.report(
+            self.membership.scope, {**record, "agent": index}, slot=f"secret-{index}"
         )
 
     def meet(self) -> None:
@@ -164,7 +183,7 @@ class NodeAgent:
 
     def _scope(self, prefix: str, wakes: tuple[str, ...] = ()) -> Scope:
         assert self.store is not None
-        return Scope(self.store, prefix, self.world.agent_index, self.seal, self.unseal, wakes)
+        return Scope(self.store, prefix, self.world.agent_index, self.keys, wakes)
 
     def _enter(self, scope: Scope | None) -> None:
         self.phase = scope

@@ -11,8 +11,9 @@ import time
 from collections.abc import Callable, Sequence
 
 from agent.errors import AgentError, ExitCode
-from agent.node.scope import Scope, Seal, Unseal
+from agent.node.scope import Scope
 from agent.node.store import Store
+from agent.node.trust import JobKeys
 
 
 class Membership:
@@ -22,14 +23,13 @@ class Membership:
         agents: int,
         index: int,
         names: Sequence[str],
-        seal: Seal,
-        unseal: Unseal,
+        keys: JobKeys,
     ) -> None:
         self.store = store
         self.agents = agents
         self.index = index
         self.names = names  # "node 3 (n4)" per agent, for messages
-        self.scope = Scope(store, "m", index, seal, unseal, wakes=("done",))
+        self.scope = Scope(store, "m", index, keys, wakes=("done",))
 
     def claim(self, host: str) -> None:
         """Take this node index for the job, once: a second agent with the same one is refused
@@ -48,11 +48,8 @@ class Membership:
 
     def hosts(self) -> list[str]:
         """Every agent's host as it announced itself when joining (after the barrier)."""
-        keys = [self.scope.key("in", i) for i in range(self.agents)]
-        return [
-            str(self.scope._unseal(value, "host announcement").get("host", ""))
-            for value in self.store.multi_get(keys)
-        ]
+        notes = self.scope.get_all([f"in/{i}" for i in range(self.agents)], "host announcement")
+        return [str(note.get("host", "")) for note in notes]
 
     def leaving(self, why: str | None = None) -> None:
         """Our silence from now on is a departure (why=None: an orderly one), not a loss."""

@@ -16,9 +16,8 @@ from typing import Any
 
 from agent.errors import AgentError, ExitCode, PeerFailed
 from agent.node.store import Store
+from agent.node.trust import JobKeys, Refused
 
-Seal = Callable[[dict[str, Any]], bytes]
-Unseal = Callable[[bytes, str], dict[str, Any]]
 log = logging.getLogger("agent")
 
 
@@ -26,16 +25,9 @@ class Scope:
     """Keys under `<namespace><prefix>/`; `index` is this agent's index (its own keys)."""
 
     def __init__(
-        self,
-        store: Store,
-        prefix: str,
-        index: int,
-        seal: Seal,
-        unseal: Unseal,
-        wakes: Sequence[str] = (),
+        self, store: Store, prefix: str, index: int, keys: JobKeys, wakes: Sequence[str] = ()
     ) -> None:
-        self.store, self.prefix, self.index = store, prefix, index
-        self._seal, self._unseal = seal, unseal
+        self.store, self.prefix, self.index, self.keys = store, prefix, index, keys
         self.wakes = tuple(wakes)  # names of keys that waiters of this phase may block on
 
     def key(self, *parts: object) -> str:
@@ -43,17 +35,27 @@ class Scope:
 
     def on(self, store: Store) -> Scope:
         """The same scope over another connection (for a thread of its own)."""
-        return Scope(store, self.prefix, self.index, self._seal, self._unseal, self.wakes)
+        return Scope(store, self.prefix, self.index, self.keys, self.wakes)
 
     # -- records --------------------------------------------------------------------------
     def put(self, name: str, record: dict[str, Any]) -> None:
-        self.store.set_bytes(self.key(name), self._seal(record))
+        key = self.key(name)
+        self.store.set_bytes(key, self.keys.seal(record, key))
 
     def get(self, name: str, what: str) -> dict[str, Any]:
-        return self._unseal(self.store.get_bytes(self.key(name)), what)
+        key = self.key(name)
+        return self.keys.unseal(self.store.get_bytes(key), key, what)
 
     def get_if(self, name: str, what: str) -> dict[str, Any] | None:
         return self.get(name, what) if self.store.exists(self.key(name)) else None
+
+    def get_all(self, names: Sequence[str], what: str) -> list[dict[str, Any]]:
+        """Several records in one round trip (waits until every one exists)."""
+        keys = [self.key(name) for name in names]
+        return [
+            self.keys.unseal(data, key, what)
+            for key, data in zip(keys, self.store.multi_get(keys), strict=True)
+        ]
 
     # -- failures -------------------------------------------------------------------------
     def report(self, record: dict[str, Any], slot: object = None) -> dict[str, Any]:
@@ -67,8 +69,13 @@ class Scope:
         return record
 
     def failure(self) -> dict[str, Any] | None:
-        """The phase's latest failure (the abort key), None if there is none."""
-        record = self.get_if("abort", "abort record")
+        """The phase's latest failure (the abort key), None if there is none (or if what is
+        there does not open with the job's key: logged, and ignored)."""
+        try:
+            record = self.get_if("abort", "abort record")
+        except Refused as exc:
+            log.error("%s", exc.message)
+            return None
         return None if record is None or record.get("kind") == "closed" else record
 
     def failure_of(self, slot: object) -> dict[str, Any] | None:
@@ -95,8 +102,8 @@ class Scope:
                         if record.get("kind") != "closed":
                             on_abort(record)
                         return
-            except AgentError as exc:
-                on_abort({"refused": exc.message})
+            except Refused as exc:  # not ours: logged and ignored, never a reason to stop
+                log.error("%s; no longer watching %s", exc.message, watcher.key("abort"))
             except Exception as exc:  # the store went away: node 0 is gone
                 if not stop.is_set():
                     end = watcher.store.endpoint
@@ -123,7 +130,7 @@ class Scope:
         arrived = s.wait([self.key("done")], timeout)
         failure = self.failure()
         if failure is not None:
-            raise PeerFailed(could_not(failure, names))
+            raise PeerFailed(could_not(failure, names), refused=failure.get("kind") == "secret")
         if not arrived:
             missing = [names[i] for i in range(agents) if not s.exists(self.key("in", i))]
             shown = ", ".join(missing[:8]) + (

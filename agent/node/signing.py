@@ -1,20 +1,16 @@
-"""HMAC-SHA256 sealing of JSON records exchanged through the store, and the shared secret."""
+"""The job's shared secret: AGENT_SECRET, else a per-user 0600 file (agent.node.trust uses it)."""
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import hmac
-import json
 import os
 import re
 import secrets
 import stat
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
-from agent.errors import AgentError, ExitCode
+from agent.errors import AgentError
 
 SECRET_ENV = "AGENT_SECRET"
 SECRET_RELPATH = Path(".config") / "launch-agent" / "secret"
@@ -85,67 +81,3 @@ def _read_secret(path: Path) -> bytes:
     if not secret:
         raise AgentError(f"secret file {path} is empty; delete it and a new one is created")
     return secret
-
-
-def seal(obj: Mapping[str, Any], key: bytes) -> bytes:
-    """Canonical JSON of obj plus its HMAC-SHA256: b'{"body":"<json>","mac":"<hex>"}'."""
-    _check_key(key)
-    try:
-        body = json.dumps(
-            obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False
-        )
-    except (TypeError, ValueError) as exc:
-        raise AgentError(f"cannot sign a record that is not plain JSON: {exc}") from None
-    record = {"body": body, "mac": _mac(body, key)}
-    return json.dumps(record, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode(
-        "ascii"
-    )
-
-
-def unseal(data: bytes, key: bytes, what: str) -> dict[str, Any]:
-    """The object sealed in data; anything unsigned, forged or altered is refused (REFUSED)."""
-    _check_key(key)
-    record = _parse_record(data, what)
-    if not hmac.compare_digest(_mac(record["body"], key), record["mac"]):
-        raise AgentError(
-            f"refusing {what}: its signature does not match (altered, or signed with another "
-            f"secret); {_SAME_SECRET_HINT}",
-            ExitCode.REFUSED,
-        )
-    try:
-        obj = json.loads(record["body"])
-    except ValueError:
-        obj = None
-    if not isinstance(obj, dict):
-        raise AgentError(f"refusing {what}: the signed body is not a JSON object", ExitCode.REFUSED)
-    return obj
-
-
-def _parse_record(data: bytes, what: str) -> dict[str, str]:
-    def refuse(why: str) -> AgentError:
-        return AgentError(f"refusing {what}: {why}", ExitCode.REFUSED)
-
-    if not isinstance(data, bytes | bytearray):
-        raise refuse(f"expected bytes, got {type(data).__name__}")
-    try:
-        record = json.loads(bytes(data).decode("ascii"))
-    except (UnicodeDecodeError, ValueError):
-        raise refuse("it is not a signed launch-agent record") from None
-    if not isinstance(record, dict) or "mac" not in record:
-        raise refuse("it is unsigned (launch-agent signs everything it publishes)")
-    if set(record) != {"body", "mac"} or not all(isinstance(v, str) for v in record.values()):
-        raise refuse("it is not a signed launch-agent record")
-    if not _MAC_RE.fullmatch(record["mac"]):
-        raise refuse("its signature is malformed")
-    return record
-
-
-def _mac(body: str, key: bytes) -> str:
-    return hmac.new(key, body.encode("utf-8"), hashlib.sha256).hexdigest()
-
-
-def _check_key(key: bytes) -> None:
-    if not isinstance(key, bytes) or not key:
-        raise AgentError(
-            "the signing secret is empty; set AGENT_SECRET or remove it to use the file"
-        )

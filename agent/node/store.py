@@ -10,6 +10,7 @@ process could forge (the config payload, the abort record) is sealed with HMAC (
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import socket
@@ -54,6 +55,7 @@ class Store:
         self.endpoint = endpoint
         self.ns = namespace
         self._server = server  # keeps node 0's server alive as long as this object lives
+        self.local_addr: str | None = None  # node 0: where its own server is reached
 
     # -- opening --------------------------------------------------------------------------
     @classmethod
@@ -68,8 +70,14 @@ class Store:
                 if endpoint.port:
                     _probe(endpoint.port)
                 return cls(LocalStore(), endpoint, namespace)
+            listener = _listener(endpoint)  # before torch: a taken port fails fast here
             server = _torch_store()(
-                "0.0.0.0", endpoint.port, is_master=True, wait_for_workers=False, timeout=_LONG
+                "0.0.0.0" if listener is None else endpoint.addr,
+                endpoint.port if listener is None else listener.getsockname()[1],
+                is_master=True,
+                wait_for_workers=False,
+                timeout=_LONG,
+                master_listen_fd=None if listener is None else listener.fileno(),
             )
         except (RuntimeError, ValueError, OSError) as exc:
             raise AgentError(
@@ -80,11 +88,14 @@ class Store:
         bound = Endpoint(endpoint.addr, server.port)
         # The main thread talks to its own server through the Python client, like every other
         # agent: its blocking waits then answer to signals (torch's client blocks in C++).
+        local = "127.0.0.1" if listener is None else listener.getsockname()[0]
         try:
-            client: Any = StoreClient.connect("127.0.0.1", server.port, 30.0)
+            client: Any = StoreClient.connect(local, server.port, 30.0)
         except (ProtocolMismatch, OSError):
             client = server
-        return cls(client, bound, namespace, server=server)
+        store = cls(client, bound, namespace, server=(server, listener))
+        store.local_addr = local
+        return store
 
     @classmethod
     def connect(cls, endpoint: Endpoint, namespace: str, timeout: float, who: str) -> Store:
@@ -111,11 +122,17 @@ class Store:
         if isinstance(self._client, LocalStore):
             return self
         if isinstance(self._client, StoreClient):
-            addr = "127.0.0.1" if self._server is not None else self.endpoint.addr
+            addr = self.local_addr or self.endpoint.addr
             client: Any = StoreClient.connect(addr, self.endpoint.port, 30.0, op_timeout)
         else:
             client = _torch_client(self.endpoint, _LONG)
         return Store(client, self.endpoint, self.ns)
+
+    def under(self, namespace: str) -> Store:
+        """The same connection, under another namespace (the job's public keys)."""
+        store = Store(self._client, self.endpoint, namespace, self._server)
+        store.local_addr = self.local_addr
+        return store
 
     def serve_workers(self) -> int:
         """Node 0: a fresh store for the ranks of one attempt (torch's agent-store protocol).
@@ -171,6 +188,27 @@ class Store:
         return [int(bytes(v) or b"0") for v in self._client.multi_get(keys)]
 
 
+def _listener(endpoint: Endpoint) -> socket.socket | None:
+    """A socket bound to node 0's own address only, when MASTER_ADDR is one of this host's
+    (not every interface: fewer networks reach the store); None where it is not (NAT, a k8s
+    service name): then torch binds every interface, as before."""
+    try:
+        addr = socket.getaddrinfo(endpoint.addr, None, socket.AF_INET, socket.SOCK_STREAM)[0][4][0]
+        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    except OSError:
+        return None
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as TCPStore binds it
+    try:
+        listener.bind((addr, endpoint.port))
+    except OSError as exc:
+        listener.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise
+        return None
+    listener.listen(1024)
+    return listener
+
+
 def _probe(port: int) -> int:
     """Bind `port` (0: any) and let it go: the port a one-agent job's rank 0 will bind."""
     with socket.socket() as probe:
@@ -188,5 +226,6 @@ def _first_line(exc: BaseException) -> str:
     return text[0] if text else type(exc).__name__
 
 
-def namespace(job_id: str, step_id: str) -> str:
+def public_namespace(job_id: str, step_id: str) -> str:
+    """The only key names an outsider can compute; every other key is under JobKeys.namespace."""
     return f"la/{job_id or 'local'}/{step_id or '0'}/"

@@ -74,35 +74,36 @@ def _interrupt(signum: int, frame: Any) -> None:
 
 def _run_distributed(command: ExecCommand, world: World, env: Mapping[str, str]) -> int:
     from agent.node import signing
+    from agent.node.trust import JobKeys
 
-    secret = signing.load_secret(env, Path.home())
-    store = open_exec_store(world, command)
+    keys = JobKeys.derive(signing.load_secret(env, Path.home()), world.job_id, world.step_id)
+    store = open_exec_store(world, command, keys)
     # Joined before CMD starts: node 0 tells a node that never came from one still running.
     store.set_json(store.key("joined", world.agent_index), 1)
     with LocalRun(command.argv, env, command.timeout) as local:
         if world.agent_index == 0:
-            return _lead(store, world, command, local, secret)
+            return _lead(store, world, command, local, keys)
         result = local.result(world.agent_index, world.host)
-        store.set_bytes(
-            store.key("result", world.agent_index), signing.seal(asdict(result), secret)
-        )
+        key = store.key("result", world.agent_index)
+        store.set_bytes(key, keys.seal(asdict(result), key))
         return exit_status(result)
 
 
-def open_exec_store(world: World, command: ExecCommand) -> Any:
-    """Node 0 hosts the exec store (namespace la/<job>/<step>/exec/), the other nodes connect."""
-    from agent.node.store import Endpoint, Store, namespace
+def open_exec_store(world: World, command: ExecCommand, keys: Any) -> Any:
+    """Node 0 hosts the exec store (keys under the job's secret namespace + exec/), the other
+    nodes connect."""
+    from agent.node.store import Endpoint, Store
 
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
     endpoint = Endpoint(world.master_addr, exec_port(world, command.flags))
-    ns = namespace(world.job_id, world.step_id) + "exec/"
+    ns = keys.namespace + "exec/"
     if world.agent_index == 0:
         return Store.host(endpoint, ns, f"{world.host} (node 0)")
     who = "node 0's exec agent" + (f" ({world.hosts[0]})" if world.hosts else "")
     return Store.connect(endpoint, ns, command.rdzv_timeout, who)
 
 
-def _lead(store: Any, world: World, command: ExecCommand, local: LocalRun, secret: bytes) -> int:
+def _lead(store: Any, world: World, command: ExecCommand, local: LocalRun, keys: Any) -> int:
     """Node 0: wait for joins (bounded), its own command, then the others' results."""
     others = range(1, world.agents)
     own: NodeOutput | None = None
@@ -122,7 +123,7 @@ def _lead(store: Any, world: World, command: ExecCommand, local: LocalRun, secre
         own = replace(local.result(0, world.host), code=None, missing="interrupted")
     late = "interrupted" if interrupted else "no result in time"
     never = "never joined" + ("" if interrupted else f" within {command.rdzv_timeout:g}s")
-    results = [own] + [_result_of(store, i, world, secret, late, never) for i in others]
+    results = [own] + [_result_of(store, i, world, keys, late, never) for i in others]
     code = _report(results)
     return 128 + interrupted.signum if interrupted else code
 
@@ -136,16 +137,14 @@ def _wait_keys(store: Any, keys: list[str], deadline: float | None) -> None:
 
 
 def _result_of(
-    store: Any, index: int, world: World, secret: bytes, late: str, never: str
+    store: Any, index: int, world: World, keys: Any, late: str, never: str
 ) -> NodeOutput:
-    from agent.node.signing import unseal
-
     host = world.hosts[index] if index < len(world.hosts) else f"node {index}"
     key = store.key("result", index)
     if not store.exists(key):
         joined = store.exists(store.key("joined", index))
         return NodeOutput(index, host, "", None, missing=late if joined else never)
-    data = unseal(store.get_bytes(key), secret, f"the exec result of node {index}")
+    data = keys.unseal(store.get_bytes(key), key, f"the exec result of node {index}")
     return NodeOutput(
         node=index,  # from the key, not the record: a node speaks only for its own slot
         host=str(data.get("host") or host),

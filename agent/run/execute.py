@@ -20,7 +20,7 @@ from agent.node.signals import Signals
 from agent.plan.run_plan import rank_specs
 from agent.run import outputs, workers
 from agent.run.prepare import Prepared
-from agent.run.summary import build_summary, render_report
+from agent.run.summary import build_summary, job_record, render_report
 from agent.run.supervisor import AbortSeen, Outcome, StoreLost, Supervisor
 from agent.run.verdict import Verdict, judge
 from agent.world import World
@@ -47,14 +47,15 @@ class Attempts:
     def execute(self, prepared: Prepared) -> int:
         plan, world = prepared.plan, self.world
         leader = world.agent_index == 0
-        if leader:
-            self.scope_of(0).put("port", {"port": self.serve_workers()})
+        port = self._publish_port(0) if leader else 0  # node 0 uses what it decided itself
         history: list[dict[str, Any]] = []
         attempt = 0
         while True:
             scope = self.scope_of(attempt)
             self.enter(scope)
-            outcome = self._supervise(prepared, scope, attempt)
+            if not leader:
+                port = int(scope.get("port", "worker port")["port"])
+            outcome = self._supervise(prepared, scope, attempt, port)
             if outcome.store_lost:
                 log.error("%s", outcome.store_lost)
                 return _signal_code(outcome) or int(ExitCode.RENDEZVOUS)
@@ -64,7 +65,7 @@ class Attempts:
                 history.append(dict(verdict.record))
                 decision = {"restart": verdict.restart, "code": verdict.code}
                 if verdict.restart:
-                    self.scope_of(attempt + 1).put("port", {"port": self.serve_workers()})
+                    port = self._publish_port(attempt + 1)
                     log.warning(
                         "attempt %d failed (%s); restarting the whole world (%d of %d)",
                         attempt,
@@ -84,9 +85,13 @@ class Attempts:
             self.enter(None)
             return _signal_code(outcome) or int(decision["code"])
 
-    def _supervise(self, prepared: Prepared, scope: Scope, attempt: int) -> Outcome:
+    def _publish_port(self, attempt: int) -> int:
+        port = self.serve_workers()
+        self.scope_of(attempt).put("port", {"port": port})
+        return port
+
+    def _supervise(self, prepared: Prepared, scope: Scope, attempt: int, port: int) -> Outcome:
         world, plan = self.world, prepared.plan
-        port = int(scope.get("port", "worker port")["port"])
         specs = rank_specs(
             plan,
             world,
@@ -135,27 +140,16 @@ class Attempts:
             console.close()
 
     def _judge(self, scope: Scope, attempt: int, max_restarts: int) -> Verdict:
-        keys = [scope.key("result", i) for i in range(self.world.agents)]
-        scope.store.wait(keys, None)  # a lost node's result is written by node 0's monitor
-        results = [scope._unseal(v, "result") for v in scope.store.multi_get(keys)]
+        # Waits for every node's result; a lost node's is written by node 0's heartbeat monitor.
+        results = scope.get_all([f"result/{i}" for i in range(self.world.agents)], "result")
         failures = [r["failure"] for r in results if r.get("failure")]
         failures += self.lost_results(scope)
         return judge(attempt, results, failures, max_restarts)
 
     def _summarise(self, prepared: Prepared, history: list[dict[str, Any]], code: int) -> None:
-        w, plan = self.world, prepared.plan
-        job = {
-            "id": w.job_id,
-            "step": w.step_id,
-            "source": w.source,
-            "nnodes": w.nnodes,
-            "world_size": plan.world_size,
-            "nproc_per_node": plan.nproc_per_node,
-            "hosts": list(w.hosts),
-            "log_dir": plan.log_dir,
-        }
+        job = job_record(self.world, prepared.plan)
         summary = build_summary(job, history, code)
-        path = outputs.write_summary(plan.log_dir, summary)
+        path = outputs.write_summary(prepared.plan.log_dir, summary)
         (log.info if code == 0 else log.error)("%s\nsummary: %s", render_report(summary), path)
 
 

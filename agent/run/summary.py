@@ -85,15 +85,33 @@ def node_failure(kind: str, node_rank: int, host: str, why: str, when: float) ->
     return {"kind": kind, "node_rank": node_rank, "host": host, "how": why, "time": when}
 
 
+def job_record(world: Any, plan: Any) -> dict[str, Any]:
+    """summary.json's "job": who ran what, where (from a World and a RunPlan)."""
+    return {
+        "id": world.job_id,
+        "step": world.step_id,
+        "source": world.source,
+        "nnodes": world.nnodes,
+        "world_size": plan.world_size,
+        "nproc_per_node": plan.nproc_per_node,
+        "hosts": list(world.hosts),
+        "log_dir": plan.log_dir,
+    }
+
+
 def build_summary(
-    job: Mapping[str, Any], attempts: Sequence[Mapping[str, Any]], exit_code: int
+    job: Mapping[str, Any],
+    attempts: Sequence[Mapping[str, Any]],
+    exit_code: int,
+    cause: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
+    """`cause`: why a run ended before its first attempt (a node never joined, a mismatch)."""
     last = attempts[-1] if attempts else {}
     return {
         "job": dict(job),
         "status": "succeeded" if exit_code == 0 else "failed",
         "exit_code": exit_code,
-        "root_cause": last.get("root_cause"),
+        "root_cause": last.get("root_cause", cause),
         "attempts": list(attempts),
     }
 
