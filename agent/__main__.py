@@ -11,6 +11,7 @@ from agent.errors import AgentError, ExitCode
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    logging.raiseExceptions = False  # a full log disk must not print tracebacks from logging
     logging.basicConfig(
         level=logging.INFO, format="[agent %(process)d] %(message)s", stream=sys.stderr
     )

@@ -1,6 +1,6 @@
 """What NUMA binding adds to a rank's start: the exec wrapper with and without a binding.
 
-Runs `python -S -E agent/child.py PARENT CPUS MEMS POLICY PATHS -- true` N times each way, interleaved, and
+Runs `python -S -E agent/run/child.py PARENT CPUS MEMS POLICY PATHS -- true` N times each way, interleaved, and
 prints medians in milliseconds. Usage: python scripts/bench_binding.py [N]
 """
 

@@ -253,3 +253,28 @@ def test_load_merged_names_the_bad_file(tmp_path):
     with pytest.raises(AgentError) as excinfo:
         load_merged([str(good), str(bad)], [])
     _usage_error(excinfo, f"{bad}:2:1", "duplicate key")
+
+
+# (case id, overrides, what load_merged gives without any config file)
+NO_CONFIGS = [
+    ("launcher-option", ("launcher.nproc_per_node=2",), {"launcher": {"nproc_per_node": 2}}),
+    ("several", ("launcher.grace=1.5", "lr=3e-4", "launcher.grace=2"), {"launcher": {"grace": 2}, "lr": 3e-4}),
+    ("nothing", (), {}),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"), [c[1:] for c in NO_CONFIGS], ids=[c[0] for c in NO_CONFIGS]
+)
+def test_load_merged_applies_overrides_without_any_config(overrides, expected):
+    assert load_merged((), overrides) == expected
+    assert split_launcher(load_merged((), overrides))[0] == expected.get("launcher", {})
+
+
+def test_load_merged_takes_a_size_limit(tmp_path):
+    path = tmp_path / "c.yml"
+    path.write_text("a: 1\n")  # 5 bytes
+    assert load_merged([str(path)], [], max_bytes=5) == {"a": 1}
+    with pytest.raises(AgentError) as excinfo:
+        load_merged([str(path)], [], max_bytes=4)
+    _usage_error(excinfo, str(path), "4-byte limit", "--max-config-bytes")

@@ -8,6 +8,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 from cluster import FIXTURE, base_env, wait_for
@@ -122,7 +123,9 @@ def test_a_forged_plan_is_refused_and_no_rank_starts(cluster_factory, tmp_path, 
 def test_agents_with_different_secrets_both_exit_4_naming_the_mismatch(cluster_factory):
     cluster = cluster_factory(2)
     cluster.start([FIXTURE], nodes=[0]).start([FIXTURE], nodes=[1], env={"AGENT_SECRET": "other"})
+    start = time.monotonic()
     codes = cluster.wait(30)
+    assert time.monotonic() - start < 10, cluster.dump()
     assert codes == [4, 4], cluster.dump()
     for agent in cluster.agents:
         assert "secret mismatch" in agent.stderr(), agent.stderr()

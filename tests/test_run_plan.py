@@ -103,3 +103,20 @@ def test_module_runs_like_python_m(tmp_path, how):
     done = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "logs" / "rank-00000.out").read_text() == "module __main__ ['a']\n"
+
+
+def test_set_reaches_the_launcher_section_without_any_config(tmp_path):
+    (tmp_path / "t.py").write_text("")
+    world = world_from_env({}, hostname="vm")
+    request = Request(str(tmp_path / "t.py"), (), (), ("launcher.nproc_per_node=2",), {})
+    plan = decide(request, world, {}, _topology)
+    assert (plan.options.nproc_per_node, plan.world_size) == ("2", 2)
+
+
+def test_max_config_bytes_bounds_every_config_read(tmp_path):
+    config = tmp_path / "c.yml"
+    config.write_text("".join(f"lr{i}: 0.1\n" for i in range(4)))
+    (tmp_path / "t.py").write_text("")
+    with pytest.raises(AgentError, match="over the 10-byte limit"):
+        _decide(tmp_path, str(tmp_path / "t.py"), [str(config)], {"max_config_bytes": 10})
+    assert _decide(tmp_path, str(tmp_path / "t.py"), [str(config)], {"max_config_bytes": 64})

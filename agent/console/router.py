@@ -11,6 +11,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import fcntl
+import logging
 import os
 import queue
 import selectors
@@ -23,6 +24,7 @@ _READ = 1 << 20
 _PIPE_SIZE = 1 << 20  # a chatty rank then blocks and wakes us 16x less often than with 64 KiB
 _MAX_PARTIAL = 1 << 16  # a console line longer than this is shown in pieces
 _TAIL_BYTES = 8192
+log = logging.getLogger("agent")
 PALETTE = (36, 33, 32, 35, 34, 31, 96, 93, 92, 95, 94, 91)  # ANSI colours, one per rank (mod 12)
 
 
@@ -45,6 +47,8 @@ class _State:
         self.done = threading.Event()
         self.last_output = time.monotonic()
         self.bytes = 0
+        self.lost = 0  # bytes the file could not take (a full disk): the pipe is drained anyway
+        self.lost_why = ""
         # Nothing to look at in the bytes (stdout, console off): move them pipe → file in the kernel.
         self.splice = stream.name == "out" and not stream.to_console and hasattr(os, "splice")
 
@@ -115,13 +119,40 @@ class LogRouter:
             os.close(fd)
             self._finish(state)
             return
-        _write_all(state.file_fd, data)
+        self._to_file(state, data)
         state.bytes += len(data)
         state.last_output = time.monotonic()
         if state.stream.name == "err":
             self._keep_tail(state, data)
         if state.stream.to_console:
             self._to_console(state, data)
+
+    def _to_file(self, state: _State, data: bytes) -> None:
+        """Every byte to the rank's file; when the disk refuses, count the loss and go on
+        draining the pipe, so the rank never blocks on a full log disk."""
+        view = memoryview(data)
+        try:
+            while view:
+                view = view[os.write(state.file_fd, view) :]
+        except OSError as exc:
+            if not state.lost:
+                state.lost_why = exc.strerror or str(exc)
+                log.error(
+                    "cannot write %s (%s): rank %d keeps running, its output there is lost",
+                    state.stream.path,
+                    state.lost_why,
+                    state.stream.rank,
+                )
+            state.lost += len(view)
+
+    def losses(self) -> list[str]:
+        """One line per rank file that lost output (for the summary)."""
+        return [
+            f"rank {s.stream.rank} {s.stream.name}: {s.lost} bytes not written to "
+            f"{s.stream.path} ({s.lost_why})"
+            for s in self._states
+            if s.lost
+        ]
 
     def _splice(self, fd: int, state: _State) -> bool:
         """Move what the pipe holds straight into the file; False at EOF or if splice fails."""
@@ -216,9 +247,3 @@ class LogRouter:
         for target in self._targets.values():
             with contextlib.suppress(OSError, ValueError):
                 target.flush()
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]

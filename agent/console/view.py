@@ -7,7 +7,8 @@ from collections.abc import Sequence
 
 from agent.console.router import PALETTE, LogRouter
 from agent.plan.options import Options
-from agent.plan.ranks import RankSpec, parse_rank_set
+from agent.plan.rank_set import parse_rank_set
+from agent.plan.ranks import RankSpec
 
 
 class ConsoleView:

@@ -21,6 +21,7 @@ from agent.plan.run_plan import Request, decide
 from agent.plan.topology import read_topology
 from agent.run import outputs
 from agent.run.summary import build_summary, job_record, node_failure
+from agent.run.workers import become_subreaper
 from agent.world import WorldFlags, world_from_env
 
 
@@ -48,6 +49,7 @@ def launch(command: Command, environ: Mapping[str, str]) -> int:
     environ.pop(SECRET_ENV, None)  # the ranks never see the job's secret
     agent = NodeAgent(world=world, settings=settings, secret=secret, environ=environ)
     agent.signals.install()
+    become_subreaper()
     plan = None
     try:
         agent.connect()

@@ -6,11 +6,15 @@ writes raw bytes. With --follow, the same is printed first, then new lines of ev
 as they arrive, merged in arrival order (files are polled by size every --interval seconds: no
 inotify, which network filesystems lack). Files, and LOG_DIR itself, that do not exist yet are
 waited for. A line is printed once complete; a partial line once its file stopped growing for a
-second, or at exit. Following ends at Ctrl-C, or by itself when the job writes summary.json.
+second, or at exit. Following ends at Ctrl-C, or by itself when the job writes summary.json, when
+nothing new was written to LOG_DIR for --idle-exit seconds, or when no process of the job is left
+on this machine (see agent.logs.ending for what can be seen from here).
 
 Hosts come from LOG_DIR/ranks.json ({"ranks": [{"rank", "host", "node"}]}), else summary.json,
 else the agent logs' "starting ranks" lines; when none names a rank, its prefix is `rank N: `.
-Everything goes to stdout, .err lines too, so pipes and pagers see the tracebacks.
+Everything goes to stdout, .err lines too, so pipes and pagers see the tracebacks. The rank files'
+lines are printed as they are; what is taken from other files (hosts, summary fields) has its
+control characters escaped, and JSON files are read bounded (agent.logs.logdir).
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ from agent.logs.selection import (
     split_lines,
     wanted,
 )
-from agent.plan.ranks import parse_rank_set
+from agent.plan.rank_set import parse_rank_set
 from agent.usage import Parser
 
 __all__ = [  # the CLI, and the pure parts that callers and tests reach as agent.logs.X
@@ -62,7 +66,9 @@ def build_parser() -> Parser:
         subcommand="logs",
         description="Show or follow the per-rank log files of a running or finished job.",
         epilog="Without --follow: one rank after the other, in rank order. With --follow: then "
-        "new lines of all selected files as they arrive, until Ctrl-C or the job's end.",
+        "new lines of all selected files as they arrive, until Ctrl-C, the job's summary.json, "
+        "--idle-exit seconds without a new byte in LOG_DIR, or no process of the job left on "
+        "this machine.",
         allow_abbrev=False,
     )
     parser.add_argument(
@@ -110,6 +116,14 @@ def build_parser() -> Parser:
         metavar="SECONDS",
         help="--follow poll interval (default: 0.25)",
     )
+    parser.add_argument(
+        "--idle-exit",
+        type=float,
+        default=600.0,
+        metavar="SECONDS",
+        help="--follow ends after this long without a new byte in any file of LOG_DIR, counted "
+        "once LOG_DIR has files; 0: never (default: 600)",
+    )
     return parser
 
 
@@ -119,6 +133,8 @@ def parse(argv: Sequence[str]) -> LogsCommand:
         raise AgentError(f"logs --lines {ns.lines}: pass a number of lines, 0 or more")
     if not 0 < ns.interval <= 60:
         raise AgentError(f"logs --interval {ns.interval:g}: pass seconds in (0, 60]")
+    if not ns.idle_exit >= 0:
+        raise AgentError(f"logs --idle-exit {ns.idle_exit:g}: pass seconds, 0 or more (0: never)")
     selection = Selection(
         ranks=parse_rank_set(ns.rank, "--rank"),
         nodes=parse_rank_set(ns.node, "--node"),
@@ -127,7 +143,7 @@ def parse(argv: Sequence[str]) -> LogsCommand:
         grep=_regex(ns.grep),
     )
     return LogsCommand(
-        ns.log_dir, selection, ns.follow, ns.summary, ns.prefix, ns.lines, ns.interval
+        ns.log_dir, selection, ns.follow, ns.summary, ns.prefix, ns.lines, ns.interval, ns.idle_exit
     )
 
 

@@ -7,13 +7,15 @@ host map in agent.logs.hosts; this module does the reading and the polling loop.
 from __future__ import annotations
 
 import os
+import stat
 import sys
 import time
 from typing import BinaryIO
 
 from agent.errors import AgentError
+from agent.logs.ending import Ending
 from agent.logs.hosts import read_where
-from agent.logs.logdir import check_dir, list_names
+from agent.logs.logdir import check_dir, list_names, open_regular, signature
 from agent.logs.selection import (
     LogsCommand,
     RankFile,
@@ -58,6 +60,9 @@ class Tail:
         self.unnamed = False  # some shown rank has no host yet: re-read the rank map now and then
         self.latest: int | None = None  # fixed at the first scan that finds rank files
         self.started = False
+        self.names: list[str] = []  # the dir's entries at the last poll
+        self.grew = False  # a shown file had new bytes in the last poll
+        self.unreadable: set[str] = set()  # files already reported as unreadable
 
     def run(self) -> int:
         log_dir = self.command.log_dir
@@ -73,13 +78,19 @@ class Tail:
         if not os.path.exists(log_dir):
             print(f"agent logs: waiting for {log_dir} to appear (Ctrl-C to stop)", file=sys.stderr)
         summary = os.path.join(log_dir, "summary.json")
-        before = _signature(summary)  # a summary.json from before we started does not count
+        before = signature(summary)  # a summary.json from before we started does not count
+        ending = Ending(log_dir, self.command.idle_exit)
         try:
             while True:
                 busy = self.poll(to_eof=not self.started)
                 self.started = True
-                if _signature(summary) != before:
+                if signature(summary) != before:
                     self.poll(to_eof=True, final=True)  # the job ended: all is in the files now
+                    return 0
+                why = ending.why(self.names, self.grew, time.monotonic())
+                if why is not None:
+                    self.poll(to_eof=True, final=True)
+                    print(f"agent logs: {why}; stopping", file=sys.stderr)
                     return 0
                 if not busy:
                     time.sleep(self.command.interval)
@@ -91,7 +102,8 @@ class Tail:
     def poll(self, to_eof: bool, final: bool = False) -> bool:
         """Scan, then read what is new in every shown file; True when a file had more to read.
         final: nothing more will come, so a file's partial last line is shown right after it."""
-        names = list_names(self.command.log_dir)
+        names = self.names = list_names(self.command.log_dir)
+        self.grew = False
         fresh = [f for f in map(parse_name, set(names) - self.seen) if f is not None]
         self.seen.update(names)
         if fresh and self.latest is None:
@@ -151,9 +163,12 @@ class Tail:
 
     def _read(self, followed: _Followed, now: float, to_eof: bool) -> bool:
         try:
-            size = os.stat(followed.path).st_size
-        except FileNotFoundError:
+            st = os.stat(followed.path)
+        except OSError:
             return False
+        if not stat.S_ISREG(st.st_mode):  # a FIFO or a directory named like a rank file
+            return False
+        size = st.st_size
         if size < followed.offset:  # truncated or replaced: start over
             followed.offset, followed.partial = 0, b""
         if size == followed.offset:
@@ -163,15 +178,25 @@ class Tail:
             return False
         followed.grown = now
         limit = size if to_eof else min(size, followed.offset + _CHUNK)
-        with open(followed.path, "rb") as f:
-            f.seek(followed.offset)
-            while followed.offset < limit:
-                data = f.read(min(_CHUNK, limit - followed.offset))
-                if not data:
-                    break
-                followed.offset += len(data)
-                lines, followed.partial = split_lines(followed.partial, data)
-                self._emit(followed, lines)
+        try:
+            with open_regular(followed.path) as f:
+                f.seek(followed.offset)
+                while followed.offset < limit:
+                    data = f.read(min(_CHUNK, limit - followed.offset))
+                    if not data:
+                        break
+                    followed.offset += len(data)
+                    self.grew = True
+                    lines, followed.partial = split_lines(followed.partial, data)
+                    self._emit(followed, lines)
+        except OSError as exc:  # not readable (permissions, I/O error): say so once, go on
+            if followed.path not in self.unreadable:
+                self.unreadable.add(followed.path)
+                print(
+                    f"agent logs: cannot read {followed.path}: {exc.strerror or exc}",
+                    file=sys.stderr,
+                )
+            return False
         return followed.offset < size
 
     def _emit(self, followed: _Followed, lines: list[bytes]) -> None:
@@ -192,8 +217,13 @@ class Tail:
 
 
 def last_lines_offset(path: str, count: int) -> int:
-    """The offset of the last `count` lines of the file (a final unterminated line counts)."""
-    with open(path, "rb") as f:
+    """The offset of the last `count` lines of the file (a final unterminated line counts);
+    0 when it cannot be read (reading it later says why)."""
+    try:
+        f = open_regular(path)
+    except OSError:
+        return 0
+    with f:
         end = f.seek(0, os.SEEK_END)
         if count == 0:
             return end
@@ -205,17 +235,9 @@ def last_lines_offset(path: str, count: int) -> int:
             block = f.read(step)
             if position + step == end and block.endswith(b"\n"):
                 block = block[:-1]  # the file's last newline ends the last line, not a new one
-            for index in range(len(block) - 1, -1, -1):
-                if block[index] == 0x0A:
-                    seen += 1
-                    if seen == count:
-                        return position + index + 1
+            index = len(block)
+            while (index := block.rfind(b"\n", 0, index)) >= 0:
+                seen += 1
+                if seen == count:
+                    return position + index + 1
         return 0
-
-
-def _signature(path: str) -> tuple[int, int] | None:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return st.st_mtime_ns, st.st_size

@@ -8,12 +8,15 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
-from agent.logs.logdir import read_json
+from agent.logs.logdir import open_regular, read_json
 from agent.logs.selection import Where
 
 AGENT_LOG = re.compile(r"agent-\d+\.log")
-_STARTING = re.compile(rb"attempt \d+: starting ranks (\d+)(?:-(\d+))? on (\S+)")
+_STARTING = re.compile(rb"attempt \d+: starting ranks (\d{1,9})(?:-(\d{1,9}))? on (\S{1,255})")
 _AGENT_LOG_HEAD = 1 << 14  # the "starting ranks" line is near the top of an agent log
+_MAX_SPAN = 1 << 12  # ranks one agent starts: a line claiming more is not the agent's
+_MAX_HOST = 255  # characters; a longer "host" is not one
+_MAX_RANKS = 1 << 20  # ranks named from agent logs: bounded memory whatever the logs say
 
 
 def read_where(log_dir: str, names: Iterable[str]) -> dict[int, Where]:
@@ -36,14 +39,22 @@ def read_where(log_dir: str, names: Iterable[str]) -> dict[int, Where]:
 def where_from_ranks_json(data: Any) -> dict[int, Where]:
     """{"ranks": [{"rank": 0, "host": "n1", "node": 0}, ...]} → {0: Where("n1", 0)}."""
     entries = data.get("ranks") if isinstance(data, dict) else None
-    return _where_from_entries(entries or [], "node")
+    return _where_from_entries(_listed(entries), "node")
 
 
 def where_from_summary(data: Any) -> dict[int, Where]:
     """summary.json: every attempt's ranks carry rank, host and node_rank."""
     attempts = data.get("attempts") if isinstance(data, dict) else None
-    entries = [r for a in attempts or [] if isinstance(a, dict) for r in a.get("ranks") or []]
+    entries = [r for a in _listed(attempts) if isinstance(a, dict) for r in _listed(a.get("ranks"))]
     return _where_from_entries(entries, "node_rank")
+
+
+def _listed(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def _where_from_entries(entries: Iterable[Any], node_key: str) -> dict[int, Where]:
@@ -52,8 +63,8 @@ def _where_from_entries(entries: Iterable[Any], node_key: str) -> dict[int, Wher
         if not isinstance(entry, dict):
             continue
         rank, host, node = entry.get("rank"), entry.get("host"), entry.get(node_key)
-        if isinstance(rank, int) and rank >= 0 and isinstance(host, str) and host:
-            where[rank] = Where(host, node if isinstance(node, int) and node >= 0 else None)
+        if _number(rank) and isinstance(host, str) and 0 < len(host) <= _MAX_HOST:
+            where[rank] = Where(host, node if _number(node) else None)
     return where
 
 
@@ -64,6 +75,8 @@ def where_from_agent_logs(texts: Iterable[bytes]) -> dict[int, Where]:
     for text in texts:
         for match in _STARTING.finditer(text):
             low, high = int(match[1]), int(match[2] or match[1])
+            if not 0 <= high - low < _MAX_SPAN or len(hosts) >= _MAX_RANKS:
+                continue
             host = match[3].decode("utf-8", "replace")
             hosts.update({rank: host for rank in range(low, high + 1)})
     first: dict[str, int] = {}
@@ -75,6 +88,6 @@ def where_from_agent_logs(texts: Iterable[bytes]) -> dict[int, Where]:
 def _heads(log_dir: str, names: Iterable[str]) -> list[bytes]:
     heads = []
     for name in names:
-        with contextlib.suppress(OSError), open(os.path.join(log_dir, name), "rb") as f:
+        with contextlib.suppress(OSError), open_regular(os.path.join(log_dir, name)) as f:
             heads.append(f.read(_AGENT_LOG_HEAD))
     return heads

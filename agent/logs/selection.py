@@ -3,14 +3,20 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Container, Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from agent.console.router import PALETTE
 
 RANK_FILE = re.compile(r"rank-(\d+)(?:\.r(\d+))?\.(out|err)")
 STREAMS = {"out": ("out",), "err": ("err",), "both": ("out", "err")}
 _MAX_PARTIAL = 1 << 16  # a line longer than this is shown in pieces
+# Not printed raw when taken from a file as metadata (hosts, summary fields): C0, DEL, C1,
+# lone surrogates (not encodable), bidi controls and line separators (they reorder or split a line)
+_UNSAFE = re.compile(
+    "[\x00-\x1f\x7f-\x9f\ud800-\udfff\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069]"
+)
 
 
 @dataclass(frozen=True)
@@ -37,8 +43,9 @@ class Where:
 
 @dataclass(frozen=True)
 class Selection:
-    ranks: frozenset[int] | None  # None: every rank
-    nodes: frozenset[int] | None  # None: every node
+    # Only ever asked `in` (never iterated, never len()): `--rank 0-9999999999` is a range.
+    ranks: Container[int] | None  # None: every rank
+    nodes: Container[int] | None  # None: every node
     streams: tuple[str, ...]
     attempt: int | str  # K, "all", or "latest" (following: the latest at start and later ones)
     grep: re.Pattern[str] | None
@@ -53,6 +60,7 @@ class LogsCommand:
     prefix: bool
     lines: int | None  # only the last N lines of what exists at start; None: everything
     interval: float
+    idle_exit: float = 600.0  # --follow ends after this long with no new byte in LOG_DIR; 0: never
 
 
 def parse_name(name: str) -> RankFile | None:
@@ -97,7 +105,7 @@ def _attempt_matches(attempt: int, wanted_attempt: int | str, latest: int, follo
 def prefix(file: RankFile, where: Mapping[int, Where], colour: bool) -> bytes:
     """b"n1:3: ", b"n1:3.r1: " for a restart, b"rank 3: " when the host is not known."""
     place = where.get(file.rank)
-    name = f"{place.host}:{file.rank}" if place else f"rank {file.rank}"
+    name = f"{safe_text(place.host)}:{file.rank}" if place else f"rank {file.rank}"
     text = name + (f".r{file.attempt}" if file.attempt else "") + ": "
     if colour:
         text = f"\x1b[{PALETTE[file.rank % len(PALETTE)]}m{text}\x1b[0m"
@@ -112,3 +120,25 @@ def split_lines(partial: bytes, data: bytes) -> tuple[list[bytes], bytes]:
         lines.append(rest)
         rest = b""
     return lines, rest
+
+
+def safe_text(value: Any, limit: int = 256, tabs: bool = False) -> str:
+    """A value read from a file, fit to print as metadata: at most `limit` characters (then "…"),
+    control characters escaped as text (ESC → \\x1b, U+202E → \\u202e); tabs kept if asked."""
+    text = value if isinstance(value, str) else str(value)
+    if len(text) > limit:
+        text = text[:limit] + "…"
+    return _UNSAFE.sub(lambda m: "\t" if tabs and m[0] == "\t" else _escaped(m[0]), text)
+
+
+def _escaped(char: str) -> str:
+    code = ord(char)
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def selected(value: Any, chosen: Container[int] | None) -> bool:
+    """Whether a rank or node number read from a file is in --rank/--node (None: all); a value
+    that is not a number is in no selection."""
+    if chosen is None:
+        return True
+    return isinstance(value, int) and not isinstance(value, bool) and value in chosen

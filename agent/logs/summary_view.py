@@ -10,20 +10,21 @@ from typing import Any, BinaryIO
 
 from agent.errors import AgentError
 from agent.logs.logdir import check_dir, read_json
-from agent.logs.selection import LogsCommand, Selection
+from agent.logs.selection import LogsCommand, Selection, safe_text, selected
 from agent.run.summary import cause_line
 
 
 def summary_view(summary: Mapping[str, Any], selection: Selection) -> list[Any]:
-    """rich renderables: verdict, root cause (with its traceback or stderr), then every rank."""
+    """rich renderables: verdict, root cause (with its traceback or stderr), then every rank.
+    Every value comes from the file: shown as plain Text (no rich markup), control codes escaped."""
     from rich.panel import Panel
     from rich.table import Table
     from rich.text import Text
 
-    attempts = [a for a in summary.get("attempts") or [] if isinstance(a, dict)]
+    attempts = [a for a in _listed(summary.get("attempts")) if isinstance(a, dict)]
     ok = summary.get("status") == "succeeded"
     head = Text(
-        f"job {summary.get('status', '?')} (exit {summary.get('exit_code', '?')}) "
+        f"job {safe_text(summary.get('status', '?'))} (exit {safe_text(summary.get('exit_code', '?'))}) "
         f"after {len(attempts)} attempt(s)",
         style="bold green" if ok else "bold red",
     )
@@ -31,24 +32,28 @@ def summary_view(summary: Mapping[str, Any], selection: Selection) -> list[Any]:
     cause = summary.get("root_cause")
     if isinstance(cause, dict):
         view.append(
-            Panel(_cause_body(cause), title="root cause", title_align="left", border_style="red")
+            Panel(
+                Text(_cause_body(cause)), title="root cause", title_align="left", border_style="red"
+            )
         )
     for attempt in attempts[:-1]:
         earlier = attempt.get("root_cause")
         if isinstance(earlier, dict):
-            view.append(
-                Text(f"attempt {attempt.get('attempt')}: {cause_line(earlier)}", style="yellow")
-            )
+            line = f"attempt {safe_text(attempt.get('attempt'))}: {safe_text(cause_line(earlier))}"
+            view.append(Text(line, style="yellow"))
     job = summary.get("job")
     if isinstance(job, dict):
         facts = ("id", "step", "source", "nnodes", "world_size", "nproc_per_node", "log_dir")
         view.append(
             Text(
-                "  ".join(f"{k} {job[k]}" for k in facts if job.get(k) not in (None, "")),
+                "  ".join(
+                    f"{k} {safe_text(job[k])}" for k in facts if job.get(k) not in (None, "")
+                ),
                 style="dim",
             )
         )
     if attempts:
+        number = attempts[-1].get("attempt", len(attempts) - 1)
         table = Table(
             "rank",
             "host",
@@ -56,10 +61,11 @@ def summary_view(summary: Mapping[str, Any], selection: Selection) -> list[Any]:
             "state",
             "how",
             "seconds",
-            title=f"attempt {attempts[-1].get('attempt', len(attempts) - 1)}",
+            title=Text(f"attempt {safe_text(number)}"),
         )
-        for rank in _shown_ranks(attempts[-1].get("ranks") or [], selection):
-            table.add_row(*_rank_row(rank), style=_STATE_STYLE.get(str(rank.get("state")), ""))
+        for rank in _shown_ranks(_listed(attempts[-1].get("ranks")), selection):
+            cells = [Text(cell) for cell in _rank_row(rank)]
+            table.add_row(*cells, style=_STATE_STYLE.get(str(rank.get("state")), ""))
         view.append(table)
     return view
 
@@ -67,45 +73,55 @@ def summary_view(summary: Mapping[str, Any], selection: Selection) -> list[Any]:
 _STATE_STYLE = {"failed": "red", "lost": "red", "terminated": "yellow", "succeeded": "green"}
 
 
+def _listed(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
 def _cause_body(cause: Mapping[str, Any]) -> str:
-    lines = [cause_line(cause)]
+    lines = [safe_text(cause_line(cause))]
     if cause.get("traceback"):
         lines += ["", "traceback (from TORCHELASTIC_ERROR_FILE):"]
-        lines += str(cause["traceback"]).rstrip().splitlines()[-25:]
+        lines += [_line(x) for x in str(cause["traceback"]).rstrip().splitlines()[-25:]]
     elif cause.get("stderr_tail"):
-        lines += ["", "last stderr lines:"] + [str(line) for line in cause["stderr_tail"][-15:]]
+        tail = _listed(cause["stderr_tail"]) or [cause["stderr_tail"]]
+        lines += ["", "last stderr lines:"] + [_line(x) for x in tail[-15:]]
     return "\n".join(lines)
 
 
+def _line(value: Any) -> str:
+    return safe_text(value, limit=1000, tabs=True)
+
+
 def _shown_ranks(ranks: Sequence[Any], selection: Selection) -> list[dict[str, Any]]:
-    shown = []
-    for rank in ranks:
-        if not isinstance(rank, dict):
-            continue
-        if selection.ranks is not None and rank.get("rank") not in selection.ranks:
-            continue
-        if selection.nodes is not None and rank.get("node_rank") not in selection.nodes:
-            continue
-        shown.append(rank)
-    return shown
+    return [
+        rank
+        for rank in ranks
+        if isinstance(rank, dict)
+        and selected(rank.get("rank"), selection.ranks)
+        and selected(rank.get("node_rank"), selection.nodes)
+    ]
 
 
 def _rank_row(rank: Mapping[str, Any]) -> tuple[str, ...]:
-    start, end = rank.get("start"), rank.get("end")
-    took = (
-        f"{end - start:.1f}"
-        if isinstance(start, (int, float)) and isinstance(end, (int, float)) and start
-        else "-"
-    )
     number = rank.get("rank")
+    negative = isinstance(number, (int, float)) and number < 0
     return (
-        "-" if number is None or number < 0 else str(number),
-        str(rank.get("host", "?")),
-        str(rank.get("node_rank", "?")),
-        str(rank.get("state", "?")),
-        str(rank.get("how", "")),
-        took,
+        "-" if number is None or negative else safe_text(number),
+        safe_text(rank.get("host", "?")),
+        safe_text(rank.get("node_rank", "?")),
+        safe_text(rank.get("state", "?")),
+        safe_text(rank.get("how", "")),
+        _took(rank.get("start"), rank.get("end")),
     )
+
+
+def _took(start: Any, end: Any) -> str:
+    if not (isinstance(start, (int, float)) and isinstance(end, (int, float)) and start):
+        return "-"
+    try:
+        return f"{float(end) - float(start):.1f}"
+    except OverflowError:  # an integer beyond any float: not a time
+        return "-"
 
 
 # --- act -----------------------------------------------------------------------------------
@@ -118,7 +134,7 @@ def show_summary(command: LogsCommand, out: BinaryIO, colour: bool) -> int:
     try:
         summary = read_json(path)
     except (OSError, ValueError) as exc:
-        raise AgentError(f"cannot read {path}: {exc}") from None
+        raise AgentError(f"cannot read {path}: {safe_text(exc, limit=300)}") from None
     if summary is None:
         check_dir(command.log_dir)
         raise AgentError(

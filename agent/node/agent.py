@@ -92,8 +92,6 @@ class NodeAgent:
         public = self.store.under(public_namespace(w.job_id, w.step_id))
         if self.leader:
             handshake.announce(public, self.keys)
-            if w.agents > 1:
-                handshake.watch(public, self.keys, self.stop, self._mismatch)
         else:
             handshake.check(
                 public, self.keys, w.agent_index, self.settings.rdzv_timeout, self.names[0]
@@ -104,10 +102,12 @@ class NodeAgent:
         self.reporter = Reporter(
             self.store.another_client(), self.world, self.membership, self.names
         )
+        if self.leader and w.agents > 1:  # a mismatch noted before this is still seen
+            handshake.watch(public, self.keys, self.stop, self._mismatch)
 
     def _mismatch(self, index: int, theirs: str) -> None:
         """Node 0: an agent holds another secret; end the join for everyone, naming it."""
-        if self.met or self.reporter is None:
+        if self.met:
             return
         name = self.names[index] if 0 <= index < len(self.names) else f"node {index}"
         how = mismatch_message(self.keys.check_value, theirs, name)

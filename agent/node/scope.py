@@ -21,6 +21,19 @@ from agent.node.trust import JobKeys, Refused
 log = logging.getLogger("agent")
 
 
+# torch's TCPStore refuses values over 8 MiB (MAX_PAYLOAD_LEN) by closing the connection.
+VALUE_LIMIT = 8 * 1024 * 1024 - 4096
+
+
+class TooLarge(AgentError):
+    def __init__(self, name: str, size: int) -> None:
+        super().__init__(
+            f"the {name} record is {size / 2**20:.1f} MiB once sealed; the job store carries at "
+            f"most {VALUE_LIMIT / 2**20:.1f} MiB per value"
+        )
+        self.size = size
+
+
 class Scope:
     """Keys under `<namespace><prefix>/`; `index` is this agent's index (its own keys)."""
 
@@ -40,7 +53,10 @@ class Scope:
     # -- records --------------------------------------------------------------------------
     def put(self, name: str, record: dict[str, Any]) -> None:
         key = self.key(name)
-        self.store.set_bytes(key, self.keys.seal(record, key))
+        sealed = self.keys.seal(record, key)
+        if len(sealed) > VALUE_LIMIT and not self.store.local:  # torch would drop the connection
+            raise TooLarge(name, len(sealed))
+        self.store.set_bytes(key, sealed)
 
     def get(self, name: str, what: str) -> dict[str, Any]:
         key = self.key(name)
@@ -62,7 +78,12 @@ class Scope:
         """Publish a failure of this phase; returns it with its sequence number (1: first)."""
         seq = self.store.add(self.key("fail-seq"))
         record = {**record, "seq": seq}
-        self.put(f"fail/{self.index if slot is None else slot}", record)
+        try:
+            self.put(f"fail/{self.index if slot is None else slot}", record)
+        except TooLarge:  # never lose a failure to its size: keep what names it
+            record = {k: v for k, v in record.items() if k not in ("stderr_tail", "traceback")}
+            record["note"] = "details too large for the store: see the rank's files"
+            self.put(f"fail/{self.index if slot is None else slot}", record)
         self.put("abort", record)
         for name in self.wakes:
             self.store.set_bytes(self.key(name), b"")

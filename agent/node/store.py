@@ -128,6 +128,11 @@ class Store:
             client = _torch_client(self.endpoint, _LONG)
         return Store(client, self.endpoint, self.ns)
 
+    @property
+    def local(self) -> bool:
+        """The in-process store of a one-agent job (no network, no value size limit)."""
+        return isinstance(self._client, LocalStore)
+
     def under(self, namespace: str) -> Store:
         """The same connection, under another namespace (the job's public keys)."""
         store = Store(self._client, self.endpoint, namespace, self._server)

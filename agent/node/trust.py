@@ -19,6 +19,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
 from agent.errors import AgentError, ExitCode
 
 _VERSION = b"\x01"
@@ -37,9 +42,6 @@ class JobKeys:
 
     @classmethod
     def derive(cls, secret: bytes, job_id: str, step_id: str) -> JobKeys:
-        from cryptography.hazmat.primitives import hashes
-        from cryptography.hazmat.primitives.kdf.hkdf import HKDF
-
         if not isinstance(secret, bytes) or not secret:
             raise AgentError(
                 "the job secret is empty; set AGENT_SECRET or remove it to use the file"
@@ -53,8 +55,6 @@ class JobKeys:
 
     def seal(self, obj: Mapping[str, Any], key: str) -> bytes:
         """AES-GCM of the record's JSON, bound to `key` (the full store key)."""
-        from cryptography.hazmat.primitives.ciphers.aead import AESGCM
-
         try:
             body = json.dumps(obj, sort_keys=True, separators=(",", ":"), allow_nan=False)
         except (TypeError, ValueError) as exc:
@@ -64,9 +64,6 @@ class JobKeys:
 
     def unseal(self, data: bytes, key: str, what: str) -> dict[str, Any]:
         """The record sealed under `key`; anything else (forged, altered, moved) is refused."""
-        from cryptography.exceptions import InvalidTag
-        from cryptography.hazmat.primitives.ciphers.aead import AESGCM
-
         data = bytes(data)
         if len(data) < 1 + _NONCE + 16 or data[:1] != _VERSION:
             raise Refused(f"refusing {what} at {key}: it is not a sealed launch-agent record")

@@ -2,85 +2,68 @@
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import copy
-import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from agent.errors import AgentError
+from agent.plan.config_file import read_text
+from agent.plan.options import MAX_CONFIG_BYTES
+from agent.plan.yaml_loader import (  # noqa: F401  (limits re-exported for callers)
+    MAX_ALIAS_NODES,
+    MAX_DEPTH,
+    MAX_INT_CHARS,
+    KeyProblem,
+    Refused,
+    TooDeep,
+    brief,
+    load_yaml,
+)
 
-_BaseLoader: type = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-_TIMESTAMP = "tag:yaml.org,2002:timestamp"
-_MERGE = "tag:yaml.org,2002:merge"
-
-
-class _KeyProblem(yaml.constructor.ConstructorError):
-    """A duplicate or non-string key; its message already says how to fix it."""
-
-
-class _StrictLoader(_BaseLoader):  # type: ignore[misc, valid-type]
-    """A SafeLoader that builds only JSON types and rejects duplicate and non-string keys."""
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
-        # Checked on the raw node: after PyYAML flattens `<<` merges, an explicit key that
-        # overrides a merged one would look like a duplicate.
-        first_line: dict[str, int] = {}
-        for key_node, _ in node.value:
-            if key_node.tag == _MERGE:
-                continue
-            key = self.construct_object(key_node, deep=True)
-            mark = key_node.start_mark
-            if not isinstance(key, str):
-                raise _KeyProblem(
-                    None,
-                    None,
-                    f"key {key!r} is a {type(key).__name__}, not a string; quote it",
-                    mark,
-                )
-            if key in first_line:
-                raise _KeyProblem(
-                    None,
-                    None,
-                    f"duplicate key {key!r} (first at line {first_line[key]}); remove one of them",
-                    mark,
-                )
-            first_line[key] = mark.line + 1
-        return super().construct_mapping(node, deep=deep)
-
-
-# The payload is JSON: dates stay text, and tags building bytes, sets or ordered pairs are errors.
-_NOT_JSON = {
-    f"tag:yaml.org,2002:{name}" for name in ("timestamp", "binary", "set", "omap", "pairs")
-}
-_StrictLoader.yaml_constructors = {
-    tag: build for tag, build in _BaseLoader.yaml_constructors.items() if tag not in _NOT_JSON
-}
-_StrictLoader.yaml_implicit_resolvers = {
-    first: [(tag, regexp) for tag, regexp in resolvers if tag != _TIMESTAMP]
-    for first, resolvers in _BaseLoader.yaml_implicit_resolvers.items()
-}
-
-
-# YAML 1.1 reads `3e-4` (no dot) as a string; learning rates are written that way all the time.
-_StrictLoader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"^[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+$"),
-    list("-+0123456789"),
+# Hostile or broken input must fail fast, as one line: every limit below is checked while the
+# file is read or composed, before anything walks the (possibly exponential) expanded tree.
+_max_bytes: contextvars.ContextVar[int] = contextvars.ContextVar(
+    "max_config_bytes", default=MAX_CONFIG_BYTES
 )
 
 
-def read_config(path: str) -> dict:
-    """Read one YAML config file; every problem is an AgentError naming the file and the fix."""
-    text = _read_text(Path(path))
+@contextlib.contextmanager
+def size_limit(max_bytes: int) -> Iterator[None]:
+    """Configs read inside (config parsers included) may be up to max_bytes long."""
+    token = _max_bytes.set(max_bytes)
     try:
-        doc = yaml.load(text, Loader=_StrictLoader)  # _StrictLoader is a SafeLoader
+        yield
+    finally:
+        _max_bytes.reset(token)
+
+
+def read_config(path: str, max_bytes: int | None = None) -> dict:
+    """Read one YAML config file; every problem is an AgentError naming the file and the fix.
+
+    A config is a regular file of at most max_bytes (default: the `--max-config-bytes` in force,
+    see size_limit), nested at most MAX_DEPTH levels, whose aliases add at most MAX_ALIAS_NODES.
+    """
+    text = read_text(Path(path), _max_bytes.get() if max_bytes is None else max_bytes)
+    try:
+        doc = load_yaml(text)
+    except TooDeep as exc:
+        raise AgentError(
+            f"{_yaml_error_line(path, exc)} deep, the limit for a config; flatten the structure"
+        ) from None
     except yaml.MarkedYAMLError as exc:
         raise AgentError(_yaml_error_line(path, exc)) from None
     except yaml.YAMLError as exc:
         raise AgentError(f"config {path}: invalid YAML: {_one_line(str(exc))}") from None
+    except RecursionError:  # a backstop: the composer is iterative and the depth bounded
+        raise AgentError(
+            f"config {path} is nested too deeply to read (the limit is {MAX_DEPTH} levels); "
+            "flatten the structure"
+        ) from None
     if doc is None:
         raise AgentError(f"config {path} is empty; write a mapping of key: value in it")
     if not isinstance(doc, dict):
@@ -91,31 +74,10 @@ def read_config(path: str) -> dict:
     return doc
 
 
-def _read_text(path: Path) -> str:
-    try:
-        return path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise AgentError(
-            f"config {path} not found; check the path (configs are read on node 0)"
-        ) from None
-    except IsADirectoryError:
-        raise AgentError(f"config {path} is a directory; give a .yml file") from None
-    except PermissionError:
-        raise AgentError(
-            f"config {path} is not readable; fix its permissions (chmod u+r {path})"
-        ) from None
-    except UnicodeDecodeError as exc:
-        raise AgentError(
-            f"config {path} is not UTF-8 text (byte {exc.start}); save it as UTF-8"
-        ) from None
-    except OSError as exc:
-        raise AgentError(f"config {path} cannot be read: {exc.strerror}; check the file") from None
-
-
 def _yaml_error_line(path: str, exc: yaml.MarkedYAMLError) -> str:
     mark = exc.problem_mark or exc.context_mark
     where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else path
-    if isinstance(exc, _KeyProblem):
+    if isinstance(exc, (KeyProblem, Refused)):
         return f"config {where}: {exc.problem}"
     problem = _one_line(": ".join(part for part in (exc.context, exc.problem) if part))
     started = exc.context_mark
@@ -127,6 +89,11 @@ def _yaml_error_line(path: str, exc: yaml.MarkedYAMLError) -> str:
 
 def _one_line(text: str) -> str:
     return " ".join(text.split())
+
+
+def _shown(text: str, limit: int = 120) -> str:
+    """repr(text), shortened: a hostile `--set` must not turn the one error line into megabytes."""
+    return repr(text) if len(text) <= limit else repr(text[:limit]) + f"... ({len(text):,} chars)"
 
 
 def merge(docs: Sequence[Mapping]) -> dict:
@@ -150,19 +117,38 @@ def _merge_two(base: Mapping, top: Mapping) -> dict:
 
 
 def parse_override(text: str) -> tuple[tuple[str, ...], object]:
-    """`a.b.c=VALUE` -> (("a", "b", "c"), VALUE parsed as YAML: 1 int, true bool, x str, empty null)."""
+    """`a.b.c=VALUE` -> (("a", "b", "c"), VALUE parsed as YAML: 1 int, true bool, x str, empty null).
+
+    Key path and value together nest at most MAX_DEPTH levels."""
     key, sep, raw = text.partition("=")
     if not sep:
-        raise AgentError(f"--set {text!r} has no '='; write --set key.path=value")
+        raise AgentError(f"--set {_shown(text)} has no '='; write --set key.path=value")
+    if key.count(".") >= MAX_DEPTH:
+        raise AgentError(
+            f"--set {_shown(text)}: the key path has more than {MAX_DEPTH} parts (the nesting "
+            "limit); shorten it"
+        )
     path = tuple(part.strip() for part in key.split("."))
     if not all(path):
-        raise AgentError(f"--set {text!r} has an empty key part; write --set key.path=value")
+        raise AgentError(f"--set {_shown(text)} has an empty key part; write --set key.path=value")
     try:
-        value = yaml.load(raw, Loader=_StrictLoader)  # _StrictLoader is a SafeLoader
+        value = load_yaml(raw, MAX_DEPTH - len(path))
+    except TooDeep as exc:
+        raise AgentError(
+            f"--set {_shown(text)}: the value is {exc.problem} under a {len(path)}-part key "
+            f"path (at most {MAX_DEPTH} levels in all); flatten it"
+        ) from None
+    except Refused as exc:
+        raise AgentError(f"--set {_shown(text)}: {exc.problem}") from None
     except yaml.YAMLError as exc:
         why = getattr(exc, "problem", None) or str(exc)
         raise AgentError(
-            f"--set {text!r}: the value is not valid YAML ({_one_line(why)}); quote it"
+            f"--set {_shown(text)}: the value is not valid YAML ({_one_line(why)}); quote it"
+        ) from None
+    except RecursionError:  # a backstop, as in read_config
+        raise AgentError(
+            f"--set {_shown(text)}: the value is nested too deeply (the limit is {MAX_DEPTH} "
+            "levels); flatten it"
         ) from None
     return path, value
 
@@ -183,8 +169,8 @@ def _set_path(cfg: dict, path: tuple[str, ...], value: object, text: str) -> Non
         if not isinstance(child, dict):
             where = ".".join(path[: depth + 1])
             raise AgentError(
-                f"--set {text!r}: {where} is a {type(child).__name__} ({child!r}), not a mapping; "
-                f"set {where} itself or pick another key"
+                f"--set {_shown(text)}: {where} is a {type(child).__name__} ({brief(child)}), "
+                f"not a mapping; set {where} itself or pick another key"
             )
         node = child
     node[path[-1]] = value
@@ -205,6 +191,19 @@ def split_launcher(cfg: Mapping) -> tuple[dict, dict]:
     return dict(launcher), rest
 
 
-def load_merged(paths: Sequence[str], overrides: Sequence[str]) -> dict[str, Any]:
-    """Read every config, merge them in order, then apply the `--set` overrides."""
-    return apply_overrides(merge([read_config(path) for path in paths]), overrides)
+def load_merged(
+    paths: Sequence[str], overrides: Sequence[str], *, max_bytes: int | None = None
+) -> dict[str, Any]:
+    """Read every config, merge them in order, then apply the `--set` overrides; with no
+    config at all, the overrides alone (`--set launcher.nproc_per_node=2` still counts).
+
+    max_bytes: the largest config file read (default: the size_limit in force, else
+    `--max-config-bytes`' default)."""
+    docs = [read_config(path, max_bytes) for path in paths]
+    try:
+        return apply_overrides(merge(docs), overrides)
+    except RecursionError:  # a backstop: every document and override is depth-bounded
+        raise AgentError(
+            f"configs {' + '.join(paths) or '(none)'} with the --set overrides nest too deeply "
+            f"to merge (the limit is {MAX_DEPTH} levels); flatten them"
+        ) from None

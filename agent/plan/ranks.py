@@ -185,19 +185,3 @@ def node_ranks(
             )
         )
     return tuple(specs)
-
-
-def parse_rank_set(text: str | None, what: str) -> frozenset[int] | None:
-    """'0,3-5' → {0,3,4,5}; None/'all' → None (every rank); 'none' → empty."""
-    if text is None or text.strip() == "all":
-        return None
-    if text.strip() == "none":
-        return frozenset()
-    ranks: set[int] = set()
-    try:
-        for part in text.split(","):
-            low, _, high = part.strip().partition("-")
-            ranks.update(range(int(low), int(high or low) + 1))
-    except ValueError:
-        raise AgentError(f"{what} {text!r}: expected ranks like 0,3-5, 'all' or 'none'") from None
-    return frozenset(ranks)

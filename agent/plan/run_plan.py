@@ -20,7 +20,8 @@ from agent.plan.layout import NodeLayout, layout, shape_of
 from agent.plan.options import Options, resolve
 from agent.plan.parsers import load_parser, run_parser
 from agent.plan.payload import Payload
-from agent.plan.ranks import Launch, RankSpec, node_ranks, parse_rank_set, script_command
+from agent.plan.rank_set import parse_rank_set
+from agent.plan.ranks import Launch, RankSpec, node_ranks, script_command
 from agent.plan.topology import Topology
 from agent.world import World
 
@@ -80,16 +81,18 @@ class RunPlan:
 def decide(request: Request, world: World, environ: Mapping[str, str], read_topology) -> RunPlan:
     """Node 0 only: read the configs once, resolve options, check, run the config parser."""
     given = {k: v for k, v in (request.given or {}).items() if v is not None}
-    merged = cfg.load_merged(request.configs, request.overrides) if request.configs else {}
+    limit = resolve(given, {}, "the command line").max_config_bytes  # a flag: before configs
+    merged = cfg.load_merged(request.configs, request.overrides, max_bytes=limit)
     launcher, _ = cfg.split_launcher(merged)
     options = resolve(given, launcher, " + ".join(request.configs) or "configs")
     checks.check_script(request.script, options)
     topology = read_topology(options.sysfs_root)
     lay = layout(world, options, environ, topology)
     shape = shape_of(world, lay)
-    payload = run_parser(
-        load_parser(options.config_parser), request.configs, request.overrides, shape
-    )
+    with cfg.size_limit(limit):  # the config parser reads the configs again
+        payload = run_parser(
+            load_parser(options.config_parser), request.configs, request.overrides, shape
+        )
     log_dir = options.log_dir or checks.default_log_dir(world)
     checks.check_log_dir(log_dir)
     return RunPlan(

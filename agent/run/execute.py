@@ -135,9 +135,18 @@ class Attempts:
 
         try:
             with self.signals.queued():
-                return sup.run(start)
+                outcome = sup.run(start)
         finally:
             console.close()
+        outcome.warnings += console.router.losses()
+        escaped = workers.reap_escaped(min(plan.options.grace, 5.0))
+        if escaped:
+            outcome.warnings.append(
+                f"{len(escaped)} process(es) left behind by ranks on {world.host} were cleaned up "
+                f"(pids {', '.join(map(str, escaped[:20]))})"
+            )
+            log.warning("%s", outcome.warnings[-1])
+        return outcome
 
     def _judge(self, scope: Scope, attempt: int, max_restarts: int) -> Verdict:
         # Waits for every node's result; a lost node's is written by node 0's heartbeat monitor.
@@ -150,7 +159,8 @@ class Attempts:
         job = job_record(self.world, prepared.plan)
         summary = build_summary(job, history, code)
         path = outputs.write_summary(prepared.plan.log_dir, summary)
-        (log.info if code == 0 else log.error)("%s\nsummary: %s", render_report(summary), path)
+        shown = path or "not written (see above)"
+        (log.info if code == 0 else log.error)("%s\nsummary: %s", render_report(summary), shown)
 
 
 def _result(outcome: Outcome) -> dict[str, Any]:

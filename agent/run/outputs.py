@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from agent.errors import AgentError
+
+log = logging.getLogger("agent")
 
 
 def write_json(path: str, data: Any, **dump: Any) -> None:
@@ -52,10 +56,33 @@ def write_ranks(log_dir: str, hosts: Sequence[str], nproc_per_node: int, per_tas
             for node, host in enumerate(hosts)
             for local in range(n)
         ]
-    write_json(os.path.join(log_dir, "ranks.json"), {"ranks": ranks}, indent=1)
+    try:
+        write_json(os.path.join(log_dir, "ranks.json"), {"ranks": ranks}, indent=1)
+    except OSError as exc:  # `agent logs` then names hosts from the agent logs instead
+        log.error("cannot write ranks.json in %s (%s)", log_dir, exc.strerror or exc)
 
 
-def write_summary(log_dir: str, summary: Mapping[str, Any]) -> str:
+_RESERVE = ".summary-reserve"
+
+
+def reserve_space(log_dir: str, size: int = 1 << 20) -> None:
+    """Node 0 holds room for summary.json from the start: a log disk that fills up during the
+    run must not also lose the verdict (the reserve is freed just before the summary is written)."""
+    try:
+        with open(os.path.join(log_dir, _RESERVE), "wb") as f:
+            f.write(bytes(size))
+    except OSError:
+        pass  # already full: the summary will try anyway
+
+
+def write_summary(log_dir: str, summary: Mapping[str, Any]) -> str | None:
+    """summary.json, or None (logged) when the disk refuses even after freeing the reserve."""
     path = os.path.join(log_dir, "summary.json")
-    write_json(path, summary, indent=1)
+    with contextlib.suppress(OSError):
+        os.unlink(os.path.join(log_dir, _RESERVE))
+    try:
+        write_json(path, summary, indent=1)
+    except OSError as exc:
+        log.error("cannot write %s (%s)", path, exc.strerror or exc)
+        return None
     return path

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agent.errors import AgentError, ExitCode, PeerFailed
-from agent.node.scope import Scope, could_not
+from agent.node.scope import VALUE_LIMIT, Scope, TooLarge, could_not
 from agent.plan import checks
 from agent.plan.layout import NodeLayout
 from agent.plan.run_plan import RunPlan, node_layout, rank_specs
@@ -44,8 +44,17 @@ def prepare(
     if plan is None:
         plan = _receive(scope, timeout, names)
     outputs.prepare_log_dir(plan.log_dir)
-    _log_to_file(plan.log_dir, world.agent_index)
-    config_file = outputs.write_config(plan.log_dir, world.agent_index, plan.payload.config)
+    try:
+        _log_to_file(plan.log_dir, world.agent_index)
+        config_file = outputs.write_config(plan.log_dir, world.agent_index, plan.payload.config)
+    except OSError as exc:
+        raise AgentError(
+            f"log dir {plan.log_dir}: cannot write there ({exc.strerror or exc}); free some space "
+            "or pass --log-dir DIR on another filesystem"
+        ) from None
+    _warn_if_low(plan.log_dir)
+    if world.agent_index == 0:
+        outputs.reserve_space(plan.log_dir)
     lay = node_layout(plan, world, environ, read_topology(plan.options.sysfs_root))
     # Every rank's argv and env can be built (e.g. --rank-prefix placeholders) before the barrier.
     rank_specs(plan, world, lay, attempt=0, port=0, config_file=config_file, environ=environ)
@@ -55,7 +64,15 @@ def prepare(
 
 def offer(scope: Scope, plan: RunPlan) -> None:
     """Node 0: publish the plan as soon as it is decided, so nobody waits for it later."""
-    scope.put("plan", {"plan": plan.to_json()})
+    try:
+        scope.put("plan", {"plan": plan.to_json()})
+    except TooLarge as exc:
+        configs = " + ".join(plan.configs) or "the command line"
+        raise AgentError(
+            f"configs {configs}: the run plan is {exc.size / 2**20:.1f} MiB once sealed and "
+            f"encrypted; the job store carries at most {VALUE_LIMIT / 2**20:.1f} MiB per value: "
+            "keep large data out of the configs (pass a path to it instead)"
+        ) from None
 
 
 def _receive(scope: Scope, timeout: float, names: list[str]) -> RunPlan:
@@ -70,6 +87,24 @@ def _receive(scope: Scope, timeout: float, names: list[str]) -> RunPlan:
     plan = RunPlan.from_json(scope.get("plan", "config payload").get("plan"))
     checks.check_script(plan.script, plan.options)  # the script must exist on every node
     return plan
+
+
+LOW_SPACE = 100 << 20
+
+
+def _warn_if_low(log_dir: str) -> None:
+    try:
+        stat = os.statvfs(log_dir)
+    except OSError:
+        return
+    free = stat.f_bavail * stat.f_frsize
+    if free < LOW_SPACE:
+        log.warning(
+            "log dir %s has only %.1f MiB free: rank output that does not fit is lost (counted "
+            "and reported), the ranks keep running",
+            log_dir,
+            free / 2**20,
+        )
 
 
 def _log_to_file(log_dir: str, agent_index: int) -> None:

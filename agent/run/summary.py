@@ -60,12 +60,26 @@ def failure_record(
         "how": describe(exit.returncode),
         "signal": signal_name(exit.returncode),
         "time": exit.end,
-        "stderr_tail": list(stderr_tail),
+        "stderr_tail": [cap(line, LINE_CAP) for line in stderr_tail[-20:]],
     }
     traceback = _traceback(error_file)
     if traceback:
-        record["traceback"] = traceback
+        record["traceback"] = cap(traceback, TRACEBACK_CAP, keep_end=True)
     return record
+
+
+# What a failure record may carry: it travels through the store (8 MiB a value) and into
+# summary.json; the full text always stays in the rank's own files.
+LINE_CAP = 2000
+TRACEBACK_CAP = 64 * 1024
+
+
+def cap(text: str, limit: int, keep_end: bool = False) -> str:
+    """`text` cut to about `limit` characters, saying so (the end is what a traceback needs)."""
+    if len(text) <= limit:
+        return text
+    note = f"[... {len(text) - limit} characters cut; the full text is in the rank's files ...]"
+    return f"{note}\n{text[-limit:]}" if keep_end else f"{text[:limit]} {note}"
 
 
 def _traceback(error_file: Mapping[str, Any] | None) -> str | None:

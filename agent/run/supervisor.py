@@ -213,10 +213,12 @@ def _operator_signal(record: dict[str, Any]) -> int:
     return allowed.get(name, signal.SIGTERM) if isinstance(name, str) else signal.SIGTERM
 
 
-def _read_error_file(path: str) -> dict[str, Any] | None:
+def _read_error_file(path: str, limit: int = 32 << 20) -> dict[str, Any] | None:
+    """torch's @record file, if it is there and sane (bounded: a rank wrote it)."""
     try:
-        with open(path) as f:
-            data = json.load(f)
-    except (OSError, ValueError):
+        with open(path, "rb") as f:
+            raw = f.read(limit + 1)
+        data = json.loads(raw) if len(raw) <= limit else None
+    except (OSError, ValueError, RecursionError):
         return None
     return data if isinstance(data, dict) else None

@@ -47,6 +47,7 @@ def judge(
         "root_cause": dict(cause) if cause else None,
         "ranks": sorted(ranks, key=lambda e: e["rank"]),
         "lost_nodes": [r["node"] for r in lost],
+        "warnings": [w for r in results for w in r.get("warnings") or []][:1000],
     }
     return Verdict(int(code), restart, cause, record)
 

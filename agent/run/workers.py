@@ -157,3 +157,38 @@ class Processes:
 
     def kill(self, processes: Sequence[psutil.Process]) -> None:
         kill_stragglers(processes)
+
+
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+def become_subreaper() -> bool:
+    """Orphaned descendants of our ranks (double-forked daemons, setsid grandchildren) are
+    re-parented to this process instead of init, so the agent can find and end them."""
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def reap_escaped(grace: float) -> list[int]:
+    """After an attempt: every process still descending from the agent escaped its rank.
+    SIGTERM, up to `grace` seconds, then SIGKILL; reaped. Returns their pids."""
+    try:
+        left = psutil.Process().children(recursive=True)
+    except psutil.Error:
+        return []
+    if not left:
+        return []
+    for proc in left:
+        with contextlib.suppress(psutil.Error):
+            proc.terminate()
+    _, alive = psutil.wait_procs(left, timeout=grace)
+    for proc in alive:
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+    psutil.wait_procs(alive, timeout=2.0)
+    return [p.pid for p in left]

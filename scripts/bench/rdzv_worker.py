@@ -34,10 +34,11 @@ from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
 )
 
 from agent.node.membership import Membership
-from agent.node.signing import seal, unseal
+from agent.node.trust import JobKeys
 from agent.node.store import Endpoint, Store
 
 _LONG = timedelta(seconds=600)
+KEYS = JobKeys.derive(b"bench-secret", "bench", "0")  # derived once, as an agent does
 
 
 class Counting:
@@ -125,10 +126,7 @@ def agent_ours(port: int, n: int, index: int, run_id: str) -> dict[str, Any]:
     client = Counting(TCPStore("127.0.0.1", port, is_master=False, timeout=_LONG))
     connected = time.monotonic() - t
     store = Store(client, Endpoint("127.0.0.1", port), f"la/{run_id}/0/")
-    key = b"bench-secret"
-    members = Membership(
-        store, n, index, _Names(n), lambda o: seal(o, key), lambda d, w: unseal(d, key, w)
-    )
+    members = Membership(store, n, index, _Names(n), KEYS)
     members.claim(f"127.0.0.{index % 250 + 1}")
     members.join(600.0)
     return {"ops": client.ops, "connect": connected}

@@ -1,0 +1,184 @@
+"""The agent's options as one table: it drives the CLI flags, the configs' `launcher:` section,
+the ranges every value is checked against, and the help text."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+MAX_CONFIG_BYTES = 16 * 1024 * 1024  # --max-config-bytes' default
+DAY = 86400.0
+
+
+@dataclass(frozen=True)
+class Option:
+    name: str  # launcher key; the flag is --name-with-dashes
+    kind: type  # int | float | str | bool
+    default: Any
+    help: str
+    choices: tuple[str, ...] = ()
+    in_config: bool = True  # False: every node needs it before node 0's configs arrive
+    low: float | None = None  # numbers: the smallest value allowed (always finite)...
+    high: float | None = None  # ...and the largest
+    above: bool = False  # True: the value must be more than `low`, not equal to it
+
+    def range_text(self) -> str:
+        """`from 0 to 86400`, `more than 0, at most 604800`: for error messages."""
+        low, high = number_text(self.low), number_text(self.high)
+        return f"more than {low}, at most {high}" if self.above else f"from {low} to {high}"
+
+
+def number_text(value: Any) -> str:
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, int) and value.bit_length() > 80:  # str() refuses over 4300 digits
+        return f"an integer of about {int(value.bit_length() * math.log10(2)) + 1} digits"
+    text = f"{value:g}" if isinstance(value, float) else str(value)
+    return text if len(text) <= 24 else f"{text[:12]}...({len(text)} digits)"
+
+
+OPTIONS: tuple[Option, ...] = (
+    Option(
+        "nproc_per_node",
+        str,
+        "auto",
+        "ranks per node: N, 'gpu' (one per visible GPU, error if none) or 'auto' (GPUs, else 1)",
+    ),
+    Option(
+        "log_dir",
+        str,
+        None,
+        "where rank files, agent logs and summary.json go (default logs/<job-id>)",
+    ),
+    Option(
+        "console_ranks",
+        str,
+        "all",
+        "ranks shown on the console: 'all', 'none' or a list like 0,3-5 (files always get every rank)",
+    ),
+    Option("grace", float, 5.0, "seconds between SIGTERM and SIGKILL at teardown", low=0, high=DAY),
+    Option(
+        "max_restarts",
+        int,
+        0,
+        "restart the whole world together up to K times after a failure",
+        low=0,
+        high=10000,
+    ),
+    Option(
+        "numa_binding",
+        str,
+        "auto",
+        "bind each rank's CPUs and memory: auto, off, node, socket, exclusive",
+        ("auto", "off", "node", "socket", "exclusive"),
+    ),
+    Option("numa_strict", bool, False, "strict memory binding (membind) instead of preferred"),
+    Option(
+        "config_parser",
+        str,
+        "default",
+        "how configs become the payload: default, savanna, or module:function",
+    ),
+    Option(
+        "max_config_bytes",
+        int,
+        MAX_CONFIG_BYTES,
+        "the largest config file read, in bytes (a guard against huge files and devices)",
+        in_config=False,  # it guards reading the configs, so it cannot come from one
+        low=1,
+        high=1 << 30,
+    ),
+    Option(
+        "deepspeed", bool, False, "pass --local_rank=N to the script, as DeepSpeed's launcher does"
+    ),
+    Option("no_python", bool, False, "run the script as a program, not with python"),
+    Option("module", bool, False, "the script is a module name: run it like python -m"),
+    Option(
+        "rank_prefix",
+        str,
+        None,
+        "command prefix per rank, e.g. 'nsys profile -o out-{rank}' ({rank}, {local_rank}, {node})",
+    ),
+    Option(
+        "rank_prefix_ranks", str, "all", "which ranks get --rank-prefix: 'all' or a list like 0,8"
+    ),
+    Option(
+        "hang_warning",
+        float,
+        300.0,
+        "warn when a rank prints nothing for this many seconds",
+        low=0,
+        high=365 * DAY,
+        above=True,
+    ),
+    Option("live", bool, True, "on a terminal, a live per-rank status table above the log lines"),
+    Option(
+        "sysfs_root",
+        str,
+        "/",
+        "where sys/ is read from for GPU/NUMA topology (a host sysfs mounted elsewhere, or a fake tree in tests)",
+    ),
+    Option(
+        "world",
+        str,
+        "auto",
+        "where the world comes from",
+        ("auto", "slurm", "slurm-task", "k8s", "mpi", "mpi-task", "explicit", "local"),
+        False,
+    ),
+    Option(
+        "nnodes",
+        int,
+        None,
+        "number of nodes (explicit world, e.g. ssh/tmux launches)",
+        in_config=False,
+        low=1,
+        high=1_000_000,
+    ),
+    Option(
+        "node_rank",
+        int,
+        None,
+        "this node's rank (explicit world)",
+        in_config=False,
+        low=0,
+        high=999_999,
+    ),
+    Option("master_addr", str, None, "node 0's address (explicit world, OpenMPI)", in_config=False),
+    Option(
+        "master_port",
+        int,
+        None,
+        "the job store's port on node 0 (default: derived from job and step id)",
+        in_config=False,
+        low=1,
+        high=65535,
+    ),
+    Option(
+        "job_id",
+        str,
+        None,
+        "this job's identity where the scheduler gives none (explicit, k8s, mpi, local): every agent of the job passes the same; two jobs on one master stay apart (store keys and derived port)",
+        in_config=False,
+    ),
+    Option(
+        "rdzv_timeout",
+        float,
+        300.0,
+        "seconds to wait for every node to arrive",
+        in_config=False,
+        low=0,
+        high=7 * DAY,
+        above=True,
+    ),
+    Option(
+        "heartbeat_timeout",
+        float,
+        6.0,
+        "a node silent this long is declared lost (heartbeats tick every second)",
+        in_config=False,
+        low=2,
+        high=DAY,
+    ),
+)
