@@ -34,8 +34,8 @@ from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
 )
 
 from agent.node.membership import Membership
-from agent.node.trust import JobKeys
 from agent.node.store import Endpoint, Store
+from agent.node.trust import JobKeys
 
 _LONG = timedelta(seconds=600)
 KEYS = JobKeys.derive(b"bench-secret", "bench", "0")  # derived once, as an agent does
