@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextvars
 import math
 import os
+import resource
 import subprocess
 import sys
 import threading
@@ -408,6 +409,11 @@ def _cli_cases(tmp_path: Path) -> list[tuple[str, list[str], str]]:
     ]
 
 
+def _memory_bound() -> None:
+    limit = 1 << 30  # 1 GiB of address space: plenty for a one-node agent, fatal to a bomb
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+
 def test_hostile_input_on_the_command_line_is_one_line_exit_2(tmp_path):
     ready = tmp_path / "ready"
     ready.mkdir()
@@ -415,6 +421,7 @@ def test_hostile_input_on_the_command_line_is_one_line_exit_2(tmp_path):
         flags = [a for a in args if not a.endswith(".yml")]
         configs = [a for a in args if a.endswith(".yml")]
         argv = ["--log-dir", str(tmp_path / "logs"), *flags, FIXTURE, *configs]
+        start = time.monotonic()
         proc = subprocess.run(
             [sys.executable, "-m", "agent", *argv, "--ready-to", str(ready)],
             env=base_env(tmp_path),
@@ -422,7 +429,9 @@ def test_hostile_input_on_the_command_line_is_one_line_exit_2(tmp_path):
             text=True,
             timeout=30,
             cwd=tmp_path,
+            preexec_fn=_memory_bound,  # a bomb that got through would die of MemoryError here
         )
+        assert time.monotonic() - start < 10, f"{name}: took {time.monotonic() - start:.1f}s"
         lines = proc.stderr.strip().splitlines()
         assert proc.returncode == 2, f"{name}: exit {proc.returncode}\n{proc.stderr[-2000:]}"
         assert len(lines) == 1 and lines[0].startswith("agent: error: "), f"{name}: {lines[:5]}"
