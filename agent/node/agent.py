@@ -174,7 +174,6 @@ class NodeAgent:
             report=self.reporter.report,
             enter=self._enter,
             serve_workers=self.store.serve_workers,
-            hosts=self.membership.hosts,
             environ=self.environ,
             stop=self.stop,
             lost_results=self.reporter.lost_failures,

@@ -39,7 +39,6 @@ class Attempts:
     report: Callable[[Scope, dict[str, Any]], None]  # thread-safe failure publication
     enter: Callable[[Scope | None], None]  # the scope a farewell reports into
     serve_workers: Callable[[], int]  # node 0: a fresh store for one attempt's ranks
-    hosts: Callable[[], list[str]]
     environ: Mapping[str, str]
     stop: threading.Event
     lost_results: Callable[[Scope], list[dict[str, Any]]]  # node 0: failures of lost nodes
