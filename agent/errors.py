@@ -12,7 +12,7 @@ class ExitCode(enum.IntEnum):
     RANK_FAILED = 1  # a rank on some node exited non-zero or died by a signal
     USAGE = 2  # bad option, config, scheduler env, script, log dir: nothing was started
     RENDEZVOUS = 3  # a node never arrived, or the store / a peer agent was lost
-    REFUSED = 4  # a payload or abort record that is unsigned, forged or altered
+    REFUSED = 4  # the agents hold different secrets, or store data that does not open with the key
     # 128 + N: the agent itself received signal N (SIGINT 130, SIGTERM 143)
 
 
