@@ -29,7 +29,7 @@ def _decide(tmp_path: Path, script: str, configs=(), given=None) -> RunPlan:
         (),
         {"log_dir": str(tmp_path / "logs"), **(given or {})},
     )
-    return decide(request, world, {}, _topology)
+    return decide(request, world, _topology)
 
 
 def test_the_plan_round_trips_through_json(tmp_path):
@@ -63,7 +63,7 @@ def test_launcher_module_key_makes_the_script_a_module(tmp_path):
     config.write_text("launcher: {module: true}\n")
     plan = _decide(tmp_path, "my.package.train", [str(config)])
     world = world_from_env({}, hostname="vm")
-    lay = node_layout(plan, world, {}, _topology("/"))
+    lay = node_layout(plan, world, _topology("/"))
     (spec,) = rank_specs(plan, world, lay, attempt=0, port=1, config_file="c.json", environ={})
     assert spec.argv[1:4] == ("-m", "my.package.train", "--x")
 
@@ -109,7 +109,7 @@ def test_set_reaches_the_launcher_section_without_any_config(tmp_path):
     (tmp_path / "t.py").write_text("")
     world = world_from_env({}, hostname="vm")
     request = Request(str(tmp_path / "t.py"), (), (), ("launcher.nproc_per_node=2",), {})
-    plan = decide(request, world, {}, _topology)
+    plan = decide(request, world, _topology)
     assert (plan.options.nproc_per_node, plan.world_size) == ("2", 2)
 
 

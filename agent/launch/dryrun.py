@@ -28,7 +28,7 @@ def print_plan(
     for node in nodes:
         host = world.hosts[node] if node < len(world.hosts) else f"node{node}"
         here = replace(world, node_rank=node, host=host)
-        lay = node_layout(plan, here, environ, topology)
+        lay = node_layout(plan, here, topology)
         specs = rank_specs(
             plan, here, lay, attempt=0, port=0, config_file=config_file, environ=environ
         )

@@ -43,7 +43,7 @@ def launch(command: Command, environ: Mapping[str, str]) -> int:
     if command.dry_run:
         from agent.launch.dryrun import print_plan
 
-        return print_plan(decide(request, world, environ, topology), world, environ, topology)
+        return print_plan(decide(request, world, topology), world, environ, topology)
     settings = NodeSettings(options.rdzv_timeout, options.heartbeat_timeout, options.master_port)
     secret = load_secret(environ, Path.home())
     environ.pop(SECRET_ENV, None)  # the ranks never see the job's secret
@@ -54,7 +54,7 @@ def launch(command: Command, environ: Mapping[str, str]) -> int:
     try:
         agent.connect()
         if agent.leader:
-            plan = decide(request, world, environ, topology)
+            plan = decide(request, world, topology)
             agent.offer(0, plan)
         agent.meet()
         code = agent.execute(0, plan, topology)

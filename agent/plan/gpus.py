@@ -8,7 +8,14 @@ from agent.errors import AgentError
 from agent.plan.topology import Gpu, NvmlLike, Topology, normalize_pci
 from agent.world.env import parse_visible
 
-__all__ = ["HIDE_ALL", "count_gpus", "parse_visible", "select_gpus", "visible_gpu_count"]
+__all__ = [
+    "HIDE_ALL",
+    "count_gpus",
+    "gpu_count",
+    "parse_visible",
+    "select_gpus",
+    "visible_gpu_count",
+]
 
 HIDE_ALL = ("-1", "NoDevFiles")  # CUDA_VISIBLE_DEVICES values that hide every GPU
 
@@ -75,15 +82,21 @@ def select_gpus(
     return gpus
 
 
-def visible_gpu_count(env: Mapping[str, str], topology: Topology) -> int:
-    """GPUs the children will see: CUDA_VISIBLE_DEVICES, else SLURM_GPUS_ON_NODE, else sysfs."""
-    visible = parse_visible(env.get("CUDA_VISIBLE_DEVICES"))
-    slurm = env.get("SLURM_GPUS_ON_NODE", "").strip()
+def gpu_count(visible: Sequence[str] | None, slurm_gpus: int | None, topology: Topology) -> int:
+    """GPUs the children will see: CUDA_VISIBLE_DEVICES, else SLURM_GPUS_ON_NODE, else sysfs
+    (the first two as the World parsed them)."""
     if visible is not None:
         return 0 if not visible or visible[0] in HIDE_ALL else len(visible)
-    if slurm.isdigit():
-        return int(slurm)
+    if slurm_gpus is not None:
+        return slurm_gpus
     return len(topology.gpus)
+
+
+def visible_gpu_count(env: Mapping[str, str], topology: Topology) -> int:
+    """gpu_count straight from an environment (where no World is at hand)."""
+    slurm = env.get("SLURM_GPUS_ON_NODE", "").strip()
+    visible = parse_visible(env.get("CUDA_VISIBLE_DEVICES"))
+    return gpu_count(visible, int(slurm) if slurm.isdigit() else None, topology)
 
 
 def count_gpus(env: Mapping[str, str], topology: Topology) -> int:

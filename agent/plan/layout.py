@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from agent.errors import AgentError
 from agent.plan.binding import default_mode, plan_bindings
-from agent.plan.gpus import select_gpus, visible_gpu_count
+from agent.plan.gpus import gpu_count, select_gpus
 from agent.plan.options import Options
 from agent.plan.payload import JobShape
 from agent.plan.ranks import Placement
@@ -28,10 +28,10 @@ class NodeLayout:
     placements: tuple[Placement, ...]
 
 
-def nproc_for(world: World, options: Options, env: Mapping[str, str], topology: Topology) -> int:
+def nproc_for(world: World, options: Options, topology: Topology) -> int:
     if world.task is not None:
         return 1
-    gpus = visible_gpu_count(env, topology)
+    gpus = gpu_count(world.visible_devices, world.gpus_on_node, topology)
     wanted = options.nproc_per_node
     if wanted == "auto":
         return max(gpus, 1)
@@ -50,14 +50,12 @@ def nproc_for(world: World, options: Options, env: Mapping[str, str], topology: 
     return count
 
 
-def _has_gpus(env: Mapping[str, str], topology: Topology) -> bool:
-    return visible_gpu_count(env, topology) > 0
+def _has_gpus(world: World, topology: Topology) -> bool:
+    return gpu_count(world.visible_devices, world.gpus_on_node, topology) > 0
 
 
-def layout(
-    world: World, options: Options, env: Mapping[str, str], topology: Topology
-) -> NodeLayout:
-    nproc = nproc_for(world, options, env, topology)
+def layout(world: World, options: Options, topology: Topology) -> NodeLayout:
+    nproc = nproc_for(world, options, topology)
     if world.task is not None:
         t = world.task
         first, local_ranks, local_world, world_size = (
@@ -69,7 +67,7 @@ def layout(
     else:
         first, local_ranks = world.node_rank * nproc, tuple(range(nproc))
         local_world, world_size = nproc, world.nnodes * nproc
-    placements = _placements(world, options, env, topology, local_ranks, local_world)
+    placements = _placements(world, options, topology, local_ranks, local_world)
     return NodeLayout(
         first,
         local_ranks,
@@ -83,12 +81,11 @@ def layout(
 def _placements(
     world: World,
     options: Options,
-    env: Mapping[str, str],
     topology: Topology,
     local_ranks: Sequence[int],
     local_world: int,
 ) -> tuple[Placement, ...]:
-    has_gpus = _has_gpus(env, topology)
+    has_gpus = _has_gpus(world, topology)
     gpus = select_gpus(topology, world.visible_devices) if has_gpus and topology.gpus else ()
     mode = options.numa_binding
     ranks_gpus = [_gpu_of(gpus, lr, world) for lr in range(local_world)]

@@ -9,7 +9,7 @@ the plan and its own topology (`rank_specs`), once per attempt.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -78,7 +78,7 @@ class RunPlan:
             ) from None
 
 
-def decide(request: Request, world: World, environ: Mapping[str, str], read_topology) -> RunPlan:
+def decide(request: Request, world: World, read_topology: Callable[[str], Topology]) -> RunPlan:
     """Node 0 only: read the configs once, resolve options, check, run the config parser."""
     given = {k: v for k, v in (request.given or {}).items() if v is not None}
     limit = resolve(given, {}, "the command line").max_config_bytes  # a flag: before configs
@@ -87,7 +87,7 @@ def decide(request: Request, world: World, environ: Mapping[str, str], read_topo
     options = resolve(given, launcher, " + ".join(request.configs) or "configs")
     checks.check_script(request.script, options)
     topology = read_topology(options.sysfs_root)
-    lay = layout(world, options, environ, topology)
+    lay = layout(world, options, topology)
     shape = shape_of(world, lay)
     with cfg.size_limit(limit):  # the config parser reads the configs again
         payload = run_parser(
@@ -108,11 +108,9 @@ def decide(request: Request, world: World, environ: Mapping[str, str], read_topo
     )
 
 
-def node_layout(
-    plan: RunPlan, world: World, environ: Mapping[str, str], topology: Topology
-) -> NodeLayout:
+def node_layout(plan: RunPlan, world: World, topology: Topology) -> NodeLayout:
     """This node's share of the plan; refused when it disagrees with node 0's shape."""
-    lay = layout(world, plan.options, environ, topology)
+    lay = layout(world, plan.options, topology)
     if world.task is None and lay.nproc_per_node != plan.nproc_per_node:
         raise AgentError(
             f"{world.host} would start {lay.nproc_per_node} ranks but node 0 planned "

@@ -55,7 +55,7 @@ def prepare(
     _warn_if_low(plan.log_dir)
     if world.agent_index == 0:
         outputs.reserve_space(plan.log_dir)
-    lay = node_layout(plan, world, environ, read_topology(plan.options.sysfs_root))
+    lay = node_layout(plan, world, read_topology(plan.options.sysfs_root))
     # Every rank's argv and env can be built (e.g. --rank-prefix placeholders) before the barrier.
     rank_specs(plan, world, lay, attempt=0, port=0, config_file=config_file, environ=environ)
     scope.barrier(world.agents, timeout, names)
