@@ -11,6 +11,7 @@ process could forge (the config payload, the abort record) is sealed with HMAC (
 from __future__ import annotations
 
 import errno
+import ipaddress
 import json
 import os
 import socket
@@ -199,9 +200,13 @@ def _listener(endpoint: Endpoint) -> socket.socket | None:
     service name): then torch binds every interface, as before."""
     try:
         addr = socket.getaddrinfo(endpoint.addr, None, socket.AF_INET, socket.SOCK_STREAM)[0][4][0]
-        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     except OSError:
         return None
+    if ipaddress.ip_address(addr).is_loopback and not _is_ip(endpoint.addr):
+        # Debian maps a host's own name to 127.0.1.1 in /etc/hosts while the other nodes
+        # resolve it to the real address: binding there would shut them out.
+        return None
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as TCPStore binds it
     try:
         listener.bind((addr, endpoint.port))
@@ -212,6 +217,14 @@ def _listener(endpoint: Endpoint) -> socket.socket | None:
         return None
     listener.listen(1024)
     return listener
+
+
+def _is_ip(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
 
 
 def _probe(port: int) -> int:
