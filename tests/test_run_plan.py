@@ -11,6 +11,7 @@ import pytest
 from cluster import REPO, base_env
 
 from agent.errors import AgentError
+from agent.plan.ranks import flight_recorder
 from agent.plan.run_plan import Request, RunPlan, decide, node_layout, rank_specs
 from agent.plan.topology import read_topology
 from agent.world import world_from_env
@@ -120,3 +121,30 @@ def test_max_config_bytes_bounds_every_config_read(tmp_path):
     with pytest.raises(AgentError, match="over the 10-byte limit"):
         _decide(tmp_path, str(tmp_path / "t.py"), [str(config)], {"max_config_bytes": 10})
     assert _decide(tmp_path, str(tmp_path / "t.py"), [str(config)], {"max_config_bytes": 64})
+
+
+@pytest.mark.parametrize(
+    ("inherited", "expected"),
+    [
+        (
+            {},
+            {
+                "TORCH_FR_BUFFER_SIZE": "2000",
+                "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",
+                "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+                "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": "/logs/nccl-trace.a2.rank-",
+            },
+        ),
+        (
+            {"TORCH_NCCL_TRACE_BUFFER_SIZE": "50", "TORCH_NCCL_DUMP_ON_TIMEOUT": "0"},
+            {"TORCH_NCCL_DEBUG_INFO_TEMP_FILE": "/logs/nccl-trace.a2.rank-"},
+        ),
+        (
+            {"TORCH_FR_BUFFER_SIZE": "9", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": "/x/"},
+            {"TORCH_NCCL_DUMP_ON_TIMEOUT": "1"},
+        ),
+    ],
+)
+def test_nccl_flight_recorder_defaults_never_override_the_user(inherited, expected):
+    """A collective timeout leaves a dump in the log dir (per attempt); the user's settings win."""
+    assert flight_recorder("/logs", 2, inherited) == expected

@@ -302,6 +302,26 @@ def test_summary_root_cause_first(tmp_path) -> None:
     assert re.search(r"3\s+│\s+n2\s+│\s+1\s+│\s+failed\s+│\s+exit code 1", text)
 
 
+def test_summary_lists_the_nccl_flight_recorder_dumps(tmp_path) -> None:
+    log_dir = _job(tmp_path)
+    _summary(log_dir)
+    for name in ("nccl-trace.a0.rank-3", "nccl-trace.a0.rank-1"):
+        (log_dir / name).write_bytes(b"\x80pickled by torch")
+    code, text = _logs(str(log_dir), "--summary")
+    assert code == 0
+    listed = text[text.index("NCCL flight recorder dumps (2):") :].splitlines()[1:3]
+    assert [line.strip() for line in listed] == [
+        str(log_dir / "nccl-trace.a0.rank-1"),
+        str(log_dir / "nccl-trace.a0.rank-3"),
+    ]
+
+
+def test_summary_without_dumps_says_nothing_of_them(tmp_path) -> None:
+    log_dir = _job(tmp_path)
+    _summary(log_dir)
+    assert "flight recorder" not in _logs(str(log_dir), "--summary")[1]
+
+
 # --- processes: redirected, pty, --help ----------------------------------------------------
 
 

@@ -11,6 +11,7 @@ from typing import Any, BinaryIO
 from agent.errors import AgentError
 from agent.logs.logdir import check_dir, read_json
 from agent.logs.selection import LogsCommand, Selection, safe_text, selected
+from agent.plan.ranks import FR_DUMP_PREFIX
 from agent.run.summary import cause_line
 
 
@@ -127,6 +128,16 @@ def _took(start: Any, end: Any) -> str:
 # --- act -----------------------------------------------------------------------------------
 
 
+def flight_recorder_dumps(log_dir: str, most: int = 1000) -> list[str]:
+    """The NCCL flight recorder dumps ranks left in the log dir (named by agent.plan.ranks)."""
+    try:
+        with os.scandir(log_dir) as entries:
+            names = [e.name for e in entries if e.name.startswith(FR_DUMP_PREFIX + ".") and e.is_file()]
+    except OSError:
+        return []
+    return sorted(names)[:most]
+
+
 def show_summary(command: LogsCommand, out: BinaryIO, colour: bool) -> int:
     from rich.console import Console
 
@@ -150,6 +161,11 @@ def show_summary(command: LogsCommand, out: BinaryIO, colour: bool) -> int:
     with console.capture() as captured:
         for part in summary_view(summary, command.selection):
             console.print(part)
+        dumps = flight_recorder_dumps(command.log_dir)
+        if dumps:
+            console.print(f"NCCL flight recorder dumps ({len(dumps)}):")
+            for name in dumps:
+                console.print("  " + safe_text(os.path.join(command.log_dir, name)), markup=False)
     out.write(captured.get().encode())
     out.flush()
     return 0

@@ -124,7 +124,27 @@ def rank_env(
     for key, value in defaults.items():
         if key not in inherited:
             env[key] = value
+    env.update(flight_recorder(launch.log_dir, launch.attempt, inherited))
     env.update(launch.extra_env)
+    return env
+
+
+FR_DUMP_PREFIX = "nccl-trace"  # torch appends the rank: nccl-trace.a0.rank-3
+
+
+def flight_recorder(log_dir: str, attempt: int, inherited: Mapping[str, str]) -> dict[str, str]:
+    """NCCL's flight recorder on, so a collective that times out leaves its last collectives in
+    the log dir (torch writes TORCH_NCCL_DEBUG_INFO_TEMP_FILE + rank); whatever the user set
+    wins. Costs nothing without NCCL."""
+    env: dict[str, str] = {}
+    if not {"TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"} & set(inherited):
+        env["TORCH_FR_BUFFER_SIZE"] = env["TORCH_NCCL_TRACE_BUFFER_SIZE"] = "2000"
+    if "TORCH_NCCL_DUMP_ON_TIMEOUT" not in inherited:
+        env["TORCH_NCCL_DUMP_ON_TIMEOUT"] = "1"
+    if "TORCH_NCCL_DEBUG_INFO_TEMP_FILE" not in inherited:
+        env["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] = os.path.join(
+            log_dir, f"{FR_DUMP_PREFIX}.a{attempt}.rank-"
+        )
     return env
 
 
