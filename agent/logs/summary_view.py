@@ -132,7 +132,9 @@ def flight_recorder_dumps(log_dir: str, most: int = 1000) -> list[str]:
     """The NCCL flight recorder dumps ranks left in the log dir (named by agent.plan.ranks)."""
     try:
         with os.scandir(log_dir) as entries:
-            names = [e.name for e in entries if e.name.startswith(FR_DUMP_PREFIX + ".") and e.is_file()]
+            names = [
+                e.name for e in entries if e.name.startswith(FR_DUMP_PREFIX + ".") and e.is_file()
+            ]
     except OSError:
         return []
     return sorted(names)[:most]
