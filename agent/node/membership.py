@@ -55,9 +55,6 @@ class Membership:
         """Our silence from now on is a departure (why=None: an orderly one), not a loss."""
         self.scope.put(f"gone/{self.index}", {"why": why})
 
-    def departure(self, index: int) -> dict | None:
-        return self.scope.get_if(f"gone/{index}", "departure record")
-
     def heartbeat(
         self,
         stop: threading.Event,

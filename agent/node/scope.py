@@ -139,7 +139,7 @@ class Scope:
         self, agents: int, timeout: float, names: Sequence[str], note: dict[str, Any] | None = None
     ) -> None:
         """Every agent arrives once (indexes are claimed, so the count is of distinct agents),
-        leaving a signed `note` under `in/<index>`. A failure reported in this phase wakes it at
+        leaving a sealed `note` under `in/<index>`. A failure reported in this phase wakes it at
         once; a timeout names who never came."""
         s = self.store
         self.put(f"in/{self.index}", note or {})

@@ -1,11 +1,11 @@
 """The job's c10d TCPStore: node 0 hosts it, every agent joins with O(1) operations.
 
 The only module that imports torch.distributed, and only node 0 needs it (to host the server):
-the other agents talk to it through agent.store_client, which is torch-free, and fall back to
-torch's client only if the server speaks a dialect that client does not know; a one-agent job
-keeps its store in process (agent.local_store). Keys live under `la/<job>/<step>/`; per-attempt
-keys under `.../a<attempt>/`. Nothing is ever unpickled: values are JSON, and whatever another
-process could forge (the config payload, the abort record) is sealed with HMAC (agent.signing).
+the other agents talk to it through agent.node.store_client, which is torch-free, and fall back
+to torch's client only if the server speaks a dialect that client does not know; a one-agent job
+keeps its store in process (agent.node.local_store). Keys live under a namespace derived from the
+job's secret (agent.node.trust); only `la/<job>/<step>/hello|mismatch` are public. Nothing is
+ever unpickled: records are JSON, sealed with AES-GCM and bound to their key (agent.node.scope).
 """
 
 from __future__ import annotations

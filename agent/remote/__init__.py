@@ -1,7 +1,7 @@
 """`python -m agent exec -- CMD`: CMD on every node; node 0 prints the outputs collated (pdsh + dshbak -c).
 
 Every node's agent joins a store hosted by the node-0 agent (namespace `la/<job>/<step>/exec/`),
-runs CMD with stdout and stderr captured together, and publishes {host, code, output}, signed.
+runs CMD with stdout and stderr captured together, and publishes {host, code, output}, sealed.
 Node 0 prints the groups of identical output under compressed hostlists and exits 0 when every
 command succeeded, 1 when one failed, 3 when a node never reported, naming the nodes; the other
 nodes print nothing but their own errors and exit with their command's status.

@@ -1,4 +1,4 @@
-"""CMD on every node: join node 0's exec store, publish signed results; node 0 collates them."""
+"""CMD on every node: join node 0's exec store, publish sealed results; node 0 collates them."""
 
 from __future__ import annotations
 

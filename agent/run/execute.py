@@ -36,7 +36,7 @@ class Attempts:
     scope_of: Callable[[int], Scope]  # attempt → its scope over the main connection
     events: Any  # queue.SimpleQueue of supervisor events
     signals: Signals
-    report: Callable[[Scope, dict[str, Any]], None]  # thread-safe failure publication
+    report: Callable[[Scope, dict[str, Any]], dict[str, Any] | None]  # any thread; None: lost
     enter: Callable[[Scope | None], None]  # the scope a farewell reports into
     serve_workers: Callable[[], int]  # node 0: a fresh store for one attempt's ranks
     environ: Mapping[str, str]
