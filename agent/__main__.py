@@ -16,7 +16,7 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.INFO, format="[agent %(process)d] %(message)s", stream=sys.stderr
     )
     try:
-        if argv and argv[0] in ("logs", "exec", "doctor"):
+        if argv and argv[0] in ("logs", "exec", "doctor", "serve", "run", "status", "down"):
             return _subcommand(argv[0], argv[1:])
         from agent.launch.cli import parse
 
@@ -34,6 +34,17 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _subcommand(name: str, argv: list[str]) -> int:
+    if name == "serve":
+        from agent.serve.cli import parse_serve
+
+        command = parse_serve(argv)
+        from agent.serve.resident import serve  # after parsing: `--help` stays light
+
+        return serve(command, os.environ)
+    if name in ("run", "status", "down"):
+        from agent.serve.commands import main as client_main
+
+        return client_main(name, argv, os.environ)
     if name == "doctor":
         from agent import doctor
 

@@ -4,7 +4,7 @@
 
 Writes a markdown report to stdout and <out>/bench.md, raw numbers to <out>/bench.json.
 Sections: launch overhead, teardown latency, rendezvous scale (+ reverse DNS), tee throughput,
-CLI start, steady-state agent cost. Each section has a time budget; repetitions stop when it is
+CLI start, steady-state agent cost, relaunch latency (resident agents, warm ranks). Each section has a time budget; repetitions stop when it is
 spent (every cell still gets at least one run), so the whole run stays under 10 minutes.
 """
 
@@ -25,14 +25,22 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench import cli_start, launch, rdzv, steady, teardown, tee  # noqa: E402
+from bench import cli_start, launch, rdzv, relaunch, steady, teardown, tee  # noqa: E402
 from bench import common as c  # noqa: E402
 from bench.stats import Table, Target, targets_table  # noqa: E402
 
-SECTIONS = ("launch", "teardown", "rdzv", "tee", "cli", "steady")
+SECTIONS = ("launch", "teardown", "rdzv", "tee", "cli", "steady", "relaunch")
 # What each section costs with one repetition per cell on this machine (seconds, loaded); the
 # sections before it keep this much of the run's time free for it.
-MIN_COST = {"launch": 150, "teardown": 85, "rdzv": 70, "tee": 55, "cli": 20, "steady": 30}
+MIN_COST = {
+    "launch": 150,
+    "teardown": 85,
+    "rdzv": 70,
+    "tee": 55,
+    "cli": 20,
+    "steady": 30,
+    "relaunch": 120,
+}
 RUN_SECONDS = 560  # the whole run; the hard limit is 10 minutes
 
 
@@ -88,6 +96,7 @@ def plan(quick: bool) -> dict[str, Any]:
             "tee": {"reps": 1, "budget": 60, "lines": 1_000_000, "bulk_mib": 64},
             "cli": {"reps": 5},
             "steady": {"seconds": 10.0},
+            "relaunch": {"rounds": 1, "warm_per_round": 5, "slurm_warm": 5, "budget": 120},
         }
     return {
         "launch": {"sizes": [1, 4, 8], "reps": {1: 3, 4: 3, 8: 2}, "budget": 280},
@@ -96,6 +105,7 @@ def plan(quick: bool) -> dict[str, Any]:
         "tee": {"reps": 2, "budget": 100, "lines": 1_000_000, "bulk_mib": 64},
         "cli": {"reps": 10},
         "steady": {"seconds": 20.0},
+        "relaunch": {"rounds": 2, "warm_per_round": 6, "slurm_warm": 8, "budget": 150},
     }
 
 
@@ -126,6 +136,10 @@ def run_section(
         return tee.run(cfg["reps"], cfg["lines"], cfg["bulk_mib"], budget, work, log)
     if name == "cli":
         return cli_start.run(cfg["reps"], work, log)
+    if name == "relaunch":
+        return relaunch.run(
+            cfg["rounds"], cfg["warm_per_round"], cfg["slurm_warm"], budget, work, log
+        )
     return steady.run(cfg["seconds"], work, log)
 
 
@@ -138,6 +152,7 @@ SUMMARIZERS: dict[
     "tee": tee.summarize,
     "cli": cli_start.summarize,
     "steady": steady.summarize,
+    "relaunch": relaunch.summarize,
 }
 
 

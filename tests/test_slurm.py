@@ -176,3 +176,43 @@ def _agents_of(tmp_path) -> list[int]:
         except OSError:
             continue
     return found
+
+
+def test_resident_agents_in_an_salloc(slurm, tmp_path):
+    """`srun ... agent serve &` in an salloc shell, two runs from that shell, then `down`."""
+    state = tmp_path / "state"
+    py = sys.executable
+    session = tmp_path / "session.sh"
+    session.write_text(
+        f"srun --ntasks-per-node=1 {py} -m agent serve 2> {tmp_path}/serve.err &\n"
+        # Await the agents (bounded): the connection file, then every node ready.
+        f"for i in $(seq 900); do {py} -m agent status 2>/dev/null | grep -q '(2 ready' "
+        "&& break; sleep 0.2; done\n"
+        f"{py} -m agent run --nproc-per-node 1 {FIXTURE} --stdout 'first run'; echo rc1=$?\n"
+        f"{py} -m agent run --nproc-per-node 1 {FIXTURE} --stdout 'second run'; echo rc2=$?\n"
+        f"{py} -m agent down; echo rc3=$?\n"
+        "wait; echo srun=$?; echo job=$SLURM_JOB_ID\n"
+    )
+    env = _env(tmp_path)
+    env.update({"AGENT_STATE_DIR": str(state), "AGENT_SECRET": "salloc-" + tmp_path.name})
+    proc = subprocess.run(
+        ["salloc", "-N2", "--immediate=60", "bash", str(session)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+        timeout=300,
+    )
+    out = proc.stdout
+    serve_err = (tmp_path / "serve.err").read_text(errors="replace")
+    assert "rc1=0" in out and "rc2=0" in out and "rc3=0" in out, out + proc.stderr + serve_err
+    assert "srun=0" in out, out + serve_err
+    for text in ("first run", "second run"):
+        assert f"n1:0: {text}" in out and f"n2:1: {text}" in out, out
+    job = out.split("job=", 1)[1].split()[0]
+    assert not (state / f"serve-{job}.json").exists()
+    wait_for(
+        lambda: not job_processes(f"{job}.0") and not _agents_of(tmp_path),
+        30,
+        "no process of the job left",
+    )

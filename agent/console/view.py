@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import BinaryIO
 
 from agent.console.router import PALETTE, LogRouter
 from agent.plan.options import Options
@@ -11,14 +13,25 @@ from agent.plan.rank_set import parse_rank_set
 from agent.plan.ranks import RankSpec
 
 
+@dataclass(frozen=True)
+class Sinks:
+    """Where a run's console lines go instead of this process's stdout and stderr."""
+
+    out: BinaryIO
+    err: BinaryIO
+    colour: bool = False
+
+
 class ConsoleView:
     """One per attempt: a router for the ranks' pipes, and the live table when on a terminal."""
 
-    def __init__(self, options: Options) -> None:
-        self.colour = sys.stdout.isatty()
+    def __init__(self, options: Options, sinks: Sinks | None = None) -> None:
+        self.colour = sys.stdout.isatty() if sinks is None else sinks.colour
         self.shown = parse_rank_set(options.console_ranks, "--console-ranks")
         self.live = None
-        if self.colour and options.live:
+        if sinks is not None:  # a resident agent's run: lines go to the client that asked
+            self.router = LogRouter(sinks.out, sinks.err)
+        elif self.colour and options.live:
             from rich.console import Console
 
             from agent.console.live import LiveView

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from agent.plan.options import OPTIONS
+from agent.plan.options import OPTIONS, Option
 from agent.usage import Parser
 
 _EPILOG = """\
@@ -16,6 +16,7 @@ and everything after --, goes to the script verbatim. Other commands:
   python -m agent logs LOG_DIR [--rank R] [--follow]   show or follow the rank files of a job
   python -m agent exec -- CMD                           run CMD on every node, output collated
   python -m agent doctor                                GPUs, NUMA, NICs, RoCE GIDs, NCCL hints
+  python -m agent serve | run | status | down           resident agents and warm runs (salloc)
 Exit codes: 0 ok, 1 a rank failed, 2 bad input (nothing started), 3 rendezvous or peer lost,
 4 secret mismatch or forged store data, 128+N the agent got signal N."""
 
@@ -38,7 +39,17 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         allow_abbrev=False,
     )
-    for option in OPTIONS:
+    add_option_flags(parser, OPTIONS)
+    parser.add_argument(
+        "--dry-run", action="store_true", help="print the plan for every rank, start nothing"
+    )
+    add_script_arguments(parser)
+    return parser
+
+
+def add_option_flags(parser: argparse.ArgumentParser, options: Sequence[Option]) -> None:
+    """One flag per option of the table (booleans that default to on get --no-NAME)."""
+    for option in options:
         flag = "--" + option.name.replace("_", "-")
         default = f" (default: {option.default})" if option.default not in (None, False) else ""
         if option.kind is bool and option.default is True:
@@ -69,6 +80,10 @@ def build_parser() -> argparse.ArgumentParser:
                 help=option.help + default,
                 metavar=option.name.upper() if not option.choices else None,
             )
+
+
+def add_script_arguments(parser: argparse.ArgumentParser) -> None:
+    """-m, --set, the script and what follows it: the same for one-shot and resident runs."""
     parser.add_argument(
         "-m", dest="module", action="store_const", const=True, default=None, help="same as --module"
     )
@@ -81,20 +96,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="override a config value, e.g. --set optimizer.lr=0.001 (repeatable)",
     )
     parser.add_argument(
-        "--dry-run", action="store_true", help="print the plan for every rank, start nothing"
-    )
-    parser.add_argument(
         "script", help="the training script (or module with -m, program with --no-python)"
     )
     parser.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
-    return parser
 
 
-def parse(argv: Sequence[str]) -> Command:
-    ns = build_parser().parse_args(list(argv))
+def parse(argv: Sequence[str], parser: argparse.ArgumentParser | None = None) -> Command:
+    ns = (parser or build_parser()).parse_args(list(argv))
     configs, script_args = split_rest(ns.rest)
-    options = {o.name: getattr(ns, o.name) for o in OPTIONS}
-    return Command(options, ns.script, configs, script_args, tuple(ns.overrides), ns.dry_run)
+    options = {o.name: getattr(ns, o.name) for o in OPTIONS if hasattr(ns, o.name)}
+    dry_run = getattr(ns, "dry_run", False)
+    return Command(options, ns.script, configs, script_args, tuple(ns.overrides), dry_run)
 
 
 def split_rest(rest: Sequence[str]) -> tuple[tuple[str, ...], tuple[str, ...]]:

@@ -21,6 +21,7 @@ from agent.plan.run_plan import Request, decide
 from agent.plan.topology import read_topology
 from agent.run import outputs
 from agent.run.summary import build_summary, job_record, node_failure
+from agent.run.warm_source import WarmSource, preload_modules
 from agent.run.workers import become_subreaper
 from agent.world import WorldFlags, world_from_env
 
@@ -29,7 +30,7 @@ def launch(command: Command, environ: Mapping[str, str]) -> int:
     environ = dict(environ)  # the ranks' base env: a snapshot, untouched by what follows
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # the agent's own c10d chatter only
     given = {k: v for k, v in command.options.items() if v is not None}
-    world = world_from_env(environ, _flags(given), hostname=socket.gethostname())
+    world = world_from_env(environ, world_flags(given), hostname=socket.gethostname())
     for handler in logging.getLogger().handlers:  # name the node, not the pid, in every message
         handler.setFormatter(logging.Formatter(f"[agent {world.host}] %(message)s"))
     options = resolve(given, {}, "the command line")  # every flag checked before anything
@@ -51,13 +52,14 @@ def launch(command: Command, environ: Mapping[str, str]) -> int:
     agent.signals.install()
     become_subreaper()
     plan = None
+    warm = WarmSource(() if options.cold else preload_modules(options.preload), resident=False)
     try:
         agent.connect()
         if agent.leader:
             plan = decide(request, world, topology)
             agent.offer(0, plan)
         agent.meet()
-        code = agent.execute(0, plan, topology)
+        code = agent.execute(0, plan, topology, warm=warm)
         agent.leave()
         return code
     except Interrupted as exc:
@@ -76,6 +78,7 @@ def launch(command: Command, environ: Mapping[str, str]) -> int:
     except (RuntimeError, OSError) as exc:  # torch's DistNetworkError & co: node 0 went away
         raise lost_store_error(exc) from None
     finally:
+        warm.close()
         agent.close()
 
 
@@ -94,7 +97,7 @@ def _failure(kind: str, world: Any, why: str) -> dict[str, Any]:
     return node_failure(kind, world.node_rank, world.host, why, time.time())
 
 
-def _flags(given: Mapping[str, Any]) -> WorldFlags:
+def world_flags(given: Mapping[str, Any]) -> WorldFlags:
     return WorldFlags(
         source=given.get("world", "auto"),
         nnodes=given.get("nnodes"),

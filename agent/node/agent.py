@@ -66,10 +66,6 @@ class NodeAgent:
         ]
 
     # -- joining --------------------------------------------------------------------------
-    def join(self) -> None:
-        self.connect()
-        self.meet()
-
     def connect(self) -> None:
         """Host or reach the store and claim this node index: from here on, failures are told."""
         w = self.world
@@ -136,9 +132,16 @@ class NodeAgent:
         self.phase = self._scope(f"r{run}", wakes=("plan", "done"))
         offer(self.phase, plan)
 
-    def execute(self, run: int, plan: RunPlan | None, read_topology: Callable[[str], Any]) -> int:
+    def execute(
+        self,
+        run: int,
+        plan: RunPlan | None,
+        read_topology: Callable[[str], Any],
+        **extra: Any,  # Attempts' warm= and sinks=
+    ) -> int:
         """One run: node 0 passes the plan it decided, the others receive it."""
         from agent.run.execute import Attempts
+        from agent.run.outputs import write_ranks
         from agent.run.prepare import prepare
 
         assert self.store is not None
@@ -156,16 +159,10 @@ class NodeAgent:
             timeout=self.settings.rdzv_timeout,
             names=self.names,
         )
+        plan = prepared.plan
         if self.leader:
-            from agent.run.outputs import write_ranks
-
-            plan = prepared.plan
-            write_ranks(
-                plan.log_dir,
-                self.membership.hosts(),
-                plan.nproc_per_node,
-                self.world.task is not None,
-            )
+            hosts = self.membership.hosts()
+            write_ranks(plan.log_dir, hosts, plan.nproc_per_node, self.world.task is not None)
         attempts = Attempts(
             world=self.world,
             scope_of=lambda attempt: self._scope(f"r{run}/a{attempt}"),
@@ -174,9 +171,10 @@ class NodeAgent:
             report=self.reporter.report,
             enter=self._enter,
             serve_workers=self.store.serve_workers,
-            environ=self.environ,
+            environ={**self.environ, **(plan.env or {})},  # a client's exports, over the node's
             stop=self.stop,
             lost_results=self.reporter.lost_failures,
+            **extra,
         )
         return attempts.execute(prepared)
 

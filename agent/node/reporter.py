@@ -23,6 +23,7 @@ class Reporter:
         self.world, self.membership, self.names = world, membership, names
         self.lost: dict[int, dict[str, Any]] = {}  # node 0: this attempt's lost-node failures
         self.lost_peers: set[int] = set()  # node 0: every peer it declared lost, for good
+        self.lost_why: dict[int, str] = {}  # node 0: what it said of each
 
     def report(
         self, scope: Scope, record: dict[str, Any], slot: object = None
@@ -47,8 +48,8 @@ class Reporter:
                 if self._side
                 else None
             )
-        if scope is None or (departed is not None and departed.get("why") is None):
-            return  # between runs, or an orderly exit
+        if departed is not None and departed.get("why") is None:
+            return  # an orderly exit
         name = self.names[index]
         why = (
             f"{name} left: {departed['why']}"
@@ -56,6 +57,10 @@ class Reporter:
             else f"{name} lost: its agent stopped answering"
         )
         log.error("%s", why)
+        if scope is None:  # between runs (resident agents): later runs are refused, naming it
+            self.lost_peers.add(index)
+            self.lost_why[index] = why
+            return
         host = self.world.hosts[index] if index < len(self.world.hosts) else name
         record = {
             "kind": "lost",
@@ -69,6 +74,7 @@ class Reporter:
         if published is not None:
             self.lost[index] = published
             self.lost_peers.add(index)
+            self.lost_why[index] = why
             with contextlib.suppress(Exception), self._lock:
                 side = scope.on(self._side)
                 if not side.store.exists(side.key("result", index)):

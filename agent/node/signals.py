@@ -22,6 +22,7 @@ FORWARDED = (signal.SIGUSR1, signal.SIGUSR2)
 @dataclass(frozen=True)
 class Signalled:
     signum: int
+    how: str | None = None  # who asked, when not the agent's own signal (a resident's client)
 
 
 class Interrupted(BaseException):
@@ -38,6 +39,7 @@ class Signals:
     def __init__(self, events: queue.SimpleQueue) -> None:
         self.events = events
         self._queued = False
+        self.received: int | None = None  # the last stop signal this process got (not a client's)
 
     def install(self) -> None:
         for signum in (*STOP, *FORWARDED):
@@ -53,6 +55,8 @@ class Signals:
             self._queued = False
 
     def _handle(self, signum: int, _frame: object) -> None:
+        if signum in STOP:
+            self.received = signum
         if self._queued:
             self.events.put(Signalled(signum))
         elif signum in STOP:

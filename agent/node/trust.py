@@ -3,8 +3,9 @@
 Anyone on the cluster network can reach node 0's store and knows the job id and our source, so
 nothing may depend on a key name they can compute. From the secret and the job identity, HKDF
 (from `cryptography`) derives: the namespace every key lives under, an AES-GCM key that seals
-every record (confidential and authenticated), and a public key-check value that lets agents
-with different secrets notice it without revealing anything. Each record is bound to the full
+every record (confidential and authenticated), a public key-check value that lets agents
+with different secrets notice it without revealing anything, and the key that clients of node
+0's resident endpoint prove they hold (`agent.serve.wire`). Each record is bound to the full
 store key it was written under (the AEAD's associated data): a genuine record copied to another
 key, attempt, run or job does not open.
 """
@@ -39,6 +40,7 @@ class JobKeys:
     namespace: str  # "la/<32 hex>/": derived from the secret, job and step
     check_value: str  # public: equal for agents that hold the same secret, reveals nothing
     aead_key: bytes
+    client_key: bytes  # authenticates clients of node 0's resident endpoint (agent.serve.wire)
 
     @classmethod
     def derive(cls, secret: bytes, job_id: str, step_id: str) -> JobKeys:
@@ -47,11 +49,13 @@ class JobKeys:
                 "the job secret is empty; set AGENT_SECRET or remove it to use the file"
             )
         job = f"{job_id or 'local'}\0{step_id or '0'}".encode()
-        okm = HKDF(hashes.SHA256(), 64, salt=b"launch-agent/v1", info=job).derive(secret)
-        naming, aead_key = okm[:32], okm[32:]
+        # HKDF-Expand output is a stream: growing it to 96 bytes leaves the first 64 (and so every
+        # existing name and record key) unchanged, and the client key independent of both.
+        okm = HKDF(hashes.SHA256(), 96, salt=b"launch-agent/v1", info=job).derive(secret)
+        naming, aead_key, client_key = okm[:32], okm[32:64], okm[64:96]
         name = hmac.new(naming, b"namespace", hashlib.sha256).hexdigest()[:32]
         check = hmac.new(naming, b"key-check", hashlib.sha256).hexdigest()[:16]
-        return cls(f"la/{name}/", check, aead_key)
+        return cls(f"la/{name}/", check, aead_key, client_key)
 
     def seal(self, obj: Mapping[str, Any], key: str) -> bytes:
         """AES-GCM of the record's JSON, bound to `key` (the full store key)."""

@@ -12,19 +12,22 @@ from agent.plan.options import Options
 from agent.world import World
 
 
-def check_script(script: str, options: Options) -> None:
+def check_script(script: str, options: Options, cwd: str | None = None) -> None:
+    """`cwd`: where the ranks start (a client's directory), when not the agent's."""
     if options.module:
         return
     if options.no_python:
-        if shutil.which(script) is None:
+        where = os.path.join(cwd, script) if cwd and os.sep in script else script
+        if shutil.which(where) is None:
             raise AgentError(
                 f"program {script!r} not found or not executable (--no-python); check the path or PATH"
             )
         return
-    path = Path(script)
+    path = Path(cwd or ".") / script
     if not path.exists():
         raise AgentError(
-            f"script {script!r} not found (cwd {os.getcwd()}); pass the path of your training script"
+            f"script {script!r} not found (cwd {cwd or os.getcwd()}); pass the path of your "
+            "training script"
         )
     if path.is_dir():
         raise AgentError(

@@ -112,6 +112,20 @@ OPTIONS: tuple[Option, ...] = (
         high=365 * DAY,
         above=True,
     ),
+    Option(
+        "cold",
+        bool,
+        False,
+        "start every rank as a fresh interpreter, never forked from the warm one",
+    ),
+    Option(
+        "preload",
+        str,
+        "auto",
+        "modules the warm interpreter imports before ranks are forked from it: 'auto' (torch when "
+        "it can be imported), 'none', or a list like torch,numpy",
+        in_config=False,
+    ),
     Option("live", bool, True, "on a terminal, a live per-rank status table above the log lines"),
     Option(
         "sysfs_root",

@@ -36,6 +36,8 @@ class Options:
     rank_prefix: str | None = None
     rank_prefix_ranks: str = "all"
     hang_warning: float = 300.0
+    cold: bool = False
+    preload: str = "auto"
     sysfs_root: str = "/"
     live: bool = True
     world: str = "auto"
@@ -138,5 +140,23 @@ def _check(o: Options) -> None:
 
     parse_rank_set(o.console_ranks, "--console-ranks")
     parse_rank_set(o.rank_prefix_ranks, "--rank-prefix-ranks")
+    preload_list(o.preload)
     if o.module and o.no_python:
         raise AgentError("--module and --no-python exclude each other: pick one")
+
+
+_MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+
+
+def preload_list(text: str) -> tuple[str, ...]:
+    """--preload: 'auto' and 'none' as they are, else a checked list of module names."""
+    if text in ("auto", "none"):
+        return (text,)
+    names = tuple(n.strip() for n in text.split(","))
+    bad = [n for n in names if not _MODULE.fullmatch(n) or len(n) > 200]
+    if bad or not names or len(names) > 64:
+        shown = repr(bad[0][:40]) if bad else f"{len(names)} names"
+        raise AgentError(
+            f"--preload {shown}: expected 'auto', 'none' or up to 64 module names like torch,numpy"
+        )
+    return names

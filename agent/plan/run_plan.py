@@ -35,6 +35,11 @@ class Request:
     script_args: tuple[str, ...] = ()
     overrides: tuple[str, ...] = ()
     given: Mapping[str, Any] | None = None  # options given on the command line, by name
+    cwd: str | None = (
+        None  # a client's working directory: paths are relative to it, ranks start there
+    )
+    env: Mapping[str, str] | None = None  # a client's exported variables, for every rank
+    log_dir: str | None = None  # the default log dir when --log-dir is not given
 
 
 @dataclass(frozen=True)
@@ -50,10 +55,13 @@ class RunPlan:
     world_size: int
     nnodes: int
     nproc_per_node: int
+    cwd: str | None = None  # where ranks start (None: where the agent started)
+    env: Mapping[str, str] | None = None  # added to every rank's environment (a client's)
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
         data["payload"] = self.payload.to_json()
+        data["env"] = dict(self.env or {})
         return data
 
     @classmethod
@@ -69,6 +77,8 @@ class RunPlan:
                 world_size=int(data["world_size"]),
                 nnodes=int(data["nnodes"]),
                 nproc_per_node=int(data["nproc_per_node"]),
+                cwd=None if data.get("cwd") is None else str(data["cwd"]),
+                env={str(k): str(v) for k, v in (data.get("env") or {}).items()},
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise AgentError(
@@ -82,30 +92,36 @@ def decide(request: Request, world: World, read_topology: Callable[[str], Topolo
     """Node 0 only: read the configs once, resolve options, check, run the config parser."""
     given = {k: v for k, v in (request.given or {}).items() if v is not None}
     limit = resolve(given, {}, "the command line").max_config_bytes  # a flag: before configs
-    merged = cfg.load_merged(request.configs, request.overrides, max_bytes=limit)
+    cwd = request.cwd
+    configs = tuple(_under(cwd, c) for c in request.configs)
+    merged = cfg.load_merged(configs, request.overrides, max_bytes=limit)
     launcher, _ = cfg.split_launcher(merged)
     options = resolve(given, launcher, " + ".join(request.configs) or "configs")
-    checks.check_script(request.script, options)
+    checks.check_script(request.script, options, cwd)
     topology = read_topology(options.sysfs_root)
     lay = layout(world, options, topology)
     shape = shape_of(world, lay)
     with cfg.size_limit(limit):  # the config parser reads the configs again
-        payload = run_parser(
-            load_parser(options.config_parser), request.configs, request.overrides, shape
-        )
-    log_dir = options.log_dir or checks.default_log_dir(world)
+        payload = run_parser(load_parser(options.config_parser), configs, request.overrides, shape)
+    log_dir = _under(cwd, options.log_dir or request.log_dir or checks.default_log_dir(world))
     checks.check_log_dir(log_dir)
     return RunPlan(
         script=request.script,
         script_args=tuple(request.script_args),
-        configs=tuple(request.configs),
+        configs=configs,
         options=options,
         payload=payload,
         log_dir=os.path.abspath(log_dir),
         world_size=lay.world_size,
         nnodes=world.nnodes,
         nproc_per_node=lay.nproc_per_node,
+        cwd=cwd,
+        env=dict(request.env or {}),
     )
+
+
+def _under(cwd: str | None, path: str) -> str:
+    return os.path.join(cwd, path) if cwd else path
 
 
 def node_layout(plan: RunPlan, world: World, topology: Topology) -> NodeLayout:

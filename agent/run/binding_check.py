@@ -52,9 +52,11 @@ class BindingCheck:
 
 
 def _exec_done(pid: int) -> bool:
-    """The exec wrapper has handed over to the rank's own program (it binds before exec)."""
+    """The exec wrapper has handed over to the rank's own program (it binds before exec); a
+    warm rank shows the zygote's command line until it is bound and set its own."""
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return b"child.py" not in f.read()
+            line = f.read()
+        return b"child.py" not in line and b"zygote_main.py" not in line
     except OSError:
         return False

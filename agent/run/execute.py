@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from agent.console.view import ConsoleView
+from agent.console.view import ConsoleView, Sinks
 from agent.errors import ExitCode
 from agent.node.scope import Scope
 from agent.node.signals import Signals
@@ -23,9 +23,11 @@ from agent.run.prepare import Prepared
 from agent.run.summary import build_summary, job_record, render_report
 from agent.run.supervisor import AbortSeen, Outcome, StoreLost, Supervisor
 from agent.run.verdict import Verdict, judge
+from agent.run.warm_source import WarmSource
 from agent.world import World
 
 log = logging.getLogger("agent")
+WARM_WAIT = 120.0  # seconds a run waits for a warm interpreter that is still importing
 
 
 @dataclass
@@ -42,6 +44,8 @@ class Attempts:
     environ: Mapping[str, str]
     stop: threading.Event
     lost_results: Callable[[Scope], list[dict[str, Any]]]  # node 0: failures of lost nodes
+    warm: WarmSource | None = None  # where ranks are forked from (None: always fresh)
+    sinks: Sinks | None = None  # a resident agent's run: console lines to its client
 
     def execute(self, prepared: Prepared) -> int:
         plan, world = prepared.plan, self.world
@@ -118,7 +122,12 @@ class Attempts:
         early = scope.failure()  # someone failed before our watcher started
         if early is not None:
             self.events.put(AbortSeen(attempt, early))
-        console = ConsoleView(plan.options)
+        console = ConsoleView(plan.options, self.sinks)
+        warm = self.warm if self.warm is not None and self.warm.enabled else None
+        warm = None if plan.options.cold else warm
+
+        # Waited for here, where a stop signal still interrupts (not in the supervisor's start).
+        zygote = warm.usable(self.environ, wait=WARM_WAIT) if warm is not None else None
 
         def start() -> list[workers.Worker]:
             started = workers.spawn(
@@ -128,7 +137,14 @@ class Attempts:
                 prefix_for=console.prefix,
                 console=console.shows,
                 events=self.events,
+                cwd=plan.cwd,
+                warm=zygote,
             )
+            if warm is not None:
+                forked = sum(w.warm for w in started)
+                log.info("attempt %d: %d of %d ranks forked warm", attempt, forked, len(started))
+                if warm.resident or attempt < plan.options.max_restarts:
+                    warm.ensure(self.environ)  # for the next attempt or run, once ours started
             console.started(started)
             return started
 
@@ -138,7 +154,8 @@ class Attempts:
         finally:
             console.close()
         outcome.warnings += console.router.losses()
-        escaped = workers.reap_escaped(min(plan.options.grace, 5.0))
+        keep = self.warm.pids() if self.warm is not None else ()
+        escaped = workers.reap_escaped(min(plan.options.grace, 5.0), keep)
         if escaped:
             outcome.warnings.append(
                 f"{len(escaped)} process(es) left behind by ranks on {world.host} were cleaned up "

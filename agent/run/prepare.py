@@ -85,7 +85,7 @@ def _receive(scope: Scope, timeout: float, names: list[str]) -> RunPlan:
     if failure is not None:
         raise PeerFailed(could_not(failure, names), refused=failure.get("kind") == "secret")
     plan = RunPlan.from_json(scope.get("plan", "config payload").get("plan"))
-    checks.check_script(plan.script, plan.options)  # the script must exist on every node
+    checks.check_script(plan.script, plan.options, plan.cwd)  # the script must exist on every node
     return plan
 
 

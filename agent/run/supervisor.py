@@ -88,7 +88,7 @@ class Supervisor:
                 self.outcome.store_lost = self.outcome.store_lost or event.why
                 self._stop("the job store is gone: node 0's agent died or the network broke")
             elif isinstance(event, Signalled):
-                self._on_signal(event.signum)
+                self._on_signal(event.signum, event.how)
         self.procs.kill(self._stragglers)
         return self.outcome
 
@@ -152,7 +152,7 @@ class Supervisor:
                 f"failure elsewhere ({where}: {record.get('how')})", _operator_signal(record)
             )
 
-    def _on_signal(self, signum: int) -> None:
+    def _on_signal(self, signum: int, how: str | None = None) -> None:
         name = signal.Signals(signum).name
         if signum not in STOP:
             log.info("forwarding %s to every rank of this node", name)
@@ -166,7 +166,7 @@ class Supervisor:
                     "signal",
                     spec.node_rank if spec else -1,
                     spec.host if spec else "?",
-                    f"agent received {name}",
+                    how or f"agent received {name}",
                     time.time(),
                 )
                 record["signal"] = name  # peers stop their ranks with the same signal

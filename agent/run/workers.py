@@ -10,8 +10,9 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import psutil
 
@@ -31,13 +32,14 @@ class RankExited:
 @dataclass
 class Worker:
     spec: RankSpec
-    proc: subprocess.Popen
+    proc: Any  # subprocess.Popen, or an agent.warm WarmProcess (pid, wait, poll, returncode)
     start: float
     out: object
     err: object
     returncode: int | None = None
     end: float | None = None
     terminated: bool = False  # we signalled it during teardown
+    warm: bool = False  # forked from the warm interpreter
 
 
 def _wrapped(spec: RankSpec) -> list[str]:
@@ -79,32 +81,21 @@ def spawn(
     prefix_for: Callable[[RankSpec], bytes],
     console: Callable[[RankSpec], bool],
     events: queue.SimpleQueue,
+    cwd: str | None = None,
+    warm: Any = None,
 ) -> list[Worker]:
-    """Start every rank from the calling thread (PDEATHSIG follows the thread that forks)."""
+    """Start every rank from the calling thread (PDEATHSIG follows the thread that forks):
+    forked from the warm interpreter (`warm`, an agent.warm Zygote) where it can, else fresh."""
     workers = []
     for index, spec in enumerate(specs):
         env = dict(base_env)
         env.update(spec.env)
-        proc = subprocess.Popen(
-            _wrapped(spec),
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
-            close_fds=True,
-        )
+        proc, out_fd, err_fd = _forked(spec, env, cwd, warm) or _fresh(spec, env, cwd)
         prefix = prefix_for(spec)
         show = console(spec)
-        out = router.add(
-            os.dup(proc.stdout.fileno()), Stream(spec.rank, "out", spec.out_path, prefix, show)
-        )
-        err = router.add(
-            os.dup(proc.stderr.fileno()), Stream(spec.rank, "err", spec.err_path, prefix, show)
-        )
-        proc.stdout.close()
-        proc.stderr.close()
-        worker = Worker(spec, proc, time.time(), out, err)
+        out = router.add(out_fd, Stream(spec.rank, "out", spec.out_path, prefix, show))
+        err = router.add(err_fd, Stream(spec.rank, "err", spec.err_path, prefix, show))
+        worker = Worker(spec, proc, time.time(), out, err, warm=_is_warm(proc))
         workers.append(worker)
         threading.Thread(
             target=_wait, args=(index, proc, events), name=f"wait-{spec.rank}", daemon=True
@@ -112,7 +103,47 @@ def spawn(
     return workers
 
 
-def _wait(index: int, proc: subprocess.Popen, events: queue.SimpleQueue) -> None:
+def _is_warm(proc: Any) -> bool:
+    return not isinstance(proc, subprocess.Popen)
+
+
+def _fresh(spec: RankSpec, env: Mapping[str, str], cwd: str | None) -> tuple[Any, int, int]:
+    proc = subprocess.Popen(
+        _wrapped(spec),
+        env=env,
+        cwd=cwd,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+        close_fds=True,
+    )
+    out, err = os.dup(proc.stdout.fileno()), os.dup(proc.stderr.fileno())
+    proc.stdout.close()
+    proc.stderr.close()
+    return proc, out, err
+
+
+def _forked(
+    spec: RankSpec, env: Mapping[str, str], cwd: str | None, warm: Any
+) -> tuple[Any, int, int] | None:
+    """A rank forked from the warm interpreter; None when this rank cannot be (fresh instead)."""
+    if warm is None or not warm.ready or not warm.fits(env):
+        return None
+    from agent.warm.command import warm_command
+    from agent.warm.zygote import ZygoteGone
+
+    if warm_command(spec.argv, sys.executable) is None:
+        return None
+    p = spec.placement
+    try:
+        proc = warm.fork(spec.argv, env, cwd or os.getcwd(), p.cpus, p.mem_nodes, p.strict)
+    except ZygoteGone:
+        return None
+    return proc, proc.stdout_fd, proc.stderr_fd
+
+
+def _wait(index: int, proc: Any, events: queue.SimpleQueue) -> None:
     returncode = proc.wait()
     events.put(RankExited(index, returncode, time.time()))
 
@@ -174,11 +205,12 @@ def become_subreaper() -> bool:
         return False
 
 
-def reap_escaped(grace: float) -> list[int]:
-    """After an attempt: every process still descending from the agent escaped its rank.
-    SIGTERM, up to `grace` seconds, then SIGKILL; reaped. Returns their pids."""
+def reap_escaped(grace: float, keep: Collection[int] = ()) -> list[int]:
+    """After an attempt: every process still descending from the agent escaped its rank
+    (but `keep`: the warm interpreter, idle between runs). SIGTERM, up to `grace` seconds,
+    then SIGKILL; reaped. Returns their pids."""
     try:
-        left = psutil.Process().children(recursive=True)
+        left = [p for p in psutil.Process().children(recursive=True) if p.pid not in keep]
     except psutil.Error:
         return []
     if not left:

@@ -1,0 +1,108 @@
+"""`python -m agent serve|run|status|down` command lines (pure, torch-free).
+
+`serve` takes what a node needs before any run exists (world, rendezvous, --preload, --cold);
+`run` takes what the one-shot command takes for one run. A client parses `run` itself (for
+--help and one-line errors before anything is sent); node 0 parses the same argv again.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from agent.launch.cli import Command, add_option_flags, add_script_arguments, parse
+from agent.plan.options import OPTIONS
+from agent.usage import Parser
+
+# Options of the resident agents themselves: fixed when they start, not per run.
+SERVE_ONLY = frozenset(
+    {
+        "world",
+        "nnodes",
+        "node_rank",
+        "master_addr",
+        "master_port",
+        "job_id",
+        "rdzv_timeout",
+        "heartbeat_timeout",
+        "preload",
+    }
+)
+_CLIENT_HELP = "the connection file of the resident agents (default: from SLURM_JOB_ID)"
+_SERVE_EPILOG = """\
+Inside an allocation:
+  srun --ntasks-per-node=1 python -m agent serve &     one resident agent per node
+  python -m agent run [OPTIONS] train.py a.yml          a run on them (warm ranks)
+  python -m agent status                                nodes, warm or not, the current run
+  python -m agent down                                  stop the resident agents"""
+
+
+@dataclass(frozen=True)
+class ServeCommand:
+    options: dict[str, Any]  # only the flags given
+
+
+@dataclass(frozen=True)
+class ClientCommand:
+    action: str  # run | status | down
+    serve_file: str | None
+    argv: tuple[str, ...] = ()  # run: its arguments as given; node 0 parses them again
+    run: Command | None = None
+
+
+def serve_parser() -> Parser:
+    parser = Parser(
+        prog="python -m agent serve",
+        subcommand="serve",
+        description="Resident agents: one per node, waiting for runs from `python -m agent run`.",
+        epilog=_SERVE_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,
+    )
+    add_option_flags(parser, [o for o in OPTIONS if o.name in SERVE_ONLY or o.name == "cold"])
+    return parser
+
+
+def run_parser() -> Parser:
+    parser = Parser(
+        prog="python -m agent run",
+        subcommand="run",
+        description="Run a job on the resident agents of this allocation (`agent serve`).",
+        epilog=_SERVE_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,
+    )
+    parser.add_argument("--serve", metavar="FILE", help=_CLIENT_HELP)
+    add_option_flags(parser, [o for o in OPTIONS if o.name not in SERVE_ONLY])
+    add_script_arguments(parser)
+    return parser
+
+
+def parse_serve(argv: Sequence[str]) -> ServeCommand:
+    ns = serve_parser().parse_args(list(argv))
+    names = SERVE_ONLY | {"cold"}
+    return ServeCommand({n: getattr(ns, n) for n in names if getattr(ns, n) is not None})
+
+
+def parse_run(argv: Sequence[str]) -> Command:
+    """A run's argv (no --serve) → the one-shot Command; node 0 calls this for every run."""
+    return parse(argv, run_parser())
+
+
+def parse_client(action: str, argv: Sequence[str]) -> ClientCommand:
+    if action != "run":
+        parser = Parser(
+            prog=f"python -m agent {action}",
+            subcommand=action,
+            description={
+                "status": "Nodes, hosts, warm or not, and the current run of the resident agents.",
+                "down": "Stop the resident agents of this allocation (and any run they execute).",
+            }[action],
+            allow_abbrev=False,
+        )
+        parser.add_argument("--serve", metavar="FILE", help=_CLIENT_HELP)
+        return ClientCommand(action, parser.parse_args(list(argv)).serve)
+    ns = run_parser().parse_args(list(argv))
+    return ClientCommand("run", ns.serve, tuple(argv), parse_run(argv))

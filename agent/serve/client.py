@@ -1,0 +1,238 @@
+"""The client side of `agent run|status|down`: find node 0's agent, prove the secret, talk.
+
+Requests: {"op": "run", "argv", "cwd", "env"} | {"op": "status"} | {"op": "down"}, and during a
+run {"op": "signal", "signal": NAME}. Answers: {"accepted": {"run", "log_dir"}}, {"out": base64,
+"fd": 1|2}, {"log": line}, {"end": code, "summary": path|None}, {"error": text, "code": int},
+{"status": {...}}, {"down": {"agents": n}}. Unknown keys are ignored (a newer agent may add some).
+Kept free of torch (and of everything a run needs): the client must start at once.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, BinaryIO, TextIO
+
+from agent.errors import AgentError, ExitCode
+from agent.node.signing import load_secret
+from agent.node.trust import JobKeys
+from agent.serve import connection
+from agent.serve.forward import GaveUp, StopSignals
+from agent.serve.status_view import render_status
+from agent.serve.wire import Channel, WireError, connect, unpack_bytes
+
+_SLICE = 0.25  # the longest a forwarded Ctrl-C waits before it is sent to node 0
+_STOPPING = "[agent] stopping the run on every node (Ctrl-C again to stop waiting)\n"
+
+
+@dataclass(frozen=True)
+class Target:
+    """Node 0's agent, as its connection file names it."""
+
+    host: str
+    port: int
+    job: str
+    step: str
+    path: Path
+    pid: int = 0  # who wrote the file, for messages about a stale one
+    hostname: str = ""
+
+
+def locate(environ: Mapping[str, str], home: Path, explicit: str | None) -> Target:
+    path = connection.find(environ, home, explicit)
+    record = connection.read(path)
+    return Target(
+        record["host"],
+        record["port"],
+        record["job"],
+        record["step"],
+        path,
+        record["pid"],
+        record["hostname"],
+    )
+
+
+def open_channel(
+    target: Target, environ: Mapping[str, str], home: Path, timeout: float = 10.0
+) -> Channel:
+    """Connect and prove the job's secret; AgentError (3) when nothing answers, (4) on a
+    secret mismatch or a server that cannot prove the secret."""
+    keys = JobKeys.derive(load_secret(environ, home), target.job, target.step)
+    try:
+        return connect(target.host, target.port, keys.client_key, timeout)
+    except WireError as exc:
+        if exc.code == ExitCode.REFUSED:
+            raise
+        raise AgentError(
+            f"no resident agents answer at {target.host}:{target.port} ({exc.message}; from "
+            f"{target.path}, written by pid {target.pid} on {target.hostname or '?'}); they may "
+            "have stopped: start them again with `srun --ntasks-per-node=1 python -m agent serve "
+            "&`, or remove the stale file",
+            ExitCode.RENDEZVOUS,
+        ) from None
+
+
+def run(channel: Channel, request: dict[str, Any], out: BinaryIO, err: BinaryIO) -> int:
+    """Send the run request, stream its output, return its exit code. A stop signal meanwhile
+    is forwarded to node 0 (which stops the run everywhere and still sends the end); a second
+    one stops waiting at once (128 + its number)."""
+    view = _RunView(channel, out, err)
+    with StopSignals() as stops:
+        try:
+            channel.send(request)
+            while True:
+                for name in stops.take():
+                    view.forward(name)
+                try:
+                    msg = channel.recv(timeout=_SLICE)
+                except TimeoutError:
+                    continue
+                except WireError as exc:
+                    if exc.code == ExitCode.REFUSED:
+                        raise
+                    msg = None
+                if msg is None:
+                    raise view.lost()
+                code = view.show(msg)
+                if code is not None:
+                    return code
+        except GaveUp as gave:
+            view.line("[agent] stopped waiting; the run may still be stopping on the nodes\n")
+            return 128 + gave.signum
+        except WireError as exc:
+            if exc.code == ExitCode.REFUSED:
+                raise
+            raise view.lost() from None
+
+
+def status(
+    channel: Channel, out: TextIO, timeout: float = 30.0, now: Callable[[], float] = time.time
+) -> int:
+    channel.send({"op": "status"})
+    answer = _answer(channel, "status", timeout, out)
+    for line in render_status(answer if isinstance(answer, Mapping) else {}, now()):
+        print(line, file=out)
+    return 0
+
+
+def down(channel: Channel, out: TextIO, timeout: float = 120.0) -> int:
+    channel.send({"op": "down"})
+    answer = _answer(channel, "down", timeout, out)
+    agents = answer.get("agents") if isinstance(answer, Mapping) else None
+    if isinstance(agents, int) and not isinstance(agents, bool):
+        print(f"stopped {agents} resident agent{'' if agents == 1 else 's'}", file=out)
+    else:
+        print("stopped the resident agents", file=out)
+    return 0
+
+
+class _RunView:
+    """What the server says during a run, on our stdout and stderr."""
+
+    def __init__(self, channel: Channel, out: BinaryIO, err: BinaryIO) -> None:
+        self._channel = channel
+        self._streams = {1: out, 2: err}
+        self._dead: set[int] = set()
+        self._run: int | None = None
+        self._log_dir = ""
+        self._forwarded = False
+
+    def show(self, msg: dict[str, Any]) -> int | None:
+        """Render one message; the exit code once the run is over."""
+        try:
+            if "out" in msg:
+                self._write(2 if msg.get("fd") == 2 else 1, unpack_bytes(msg["out"]))
+            elif "log" in msg:
+                self.line(f"{msg['log']}\n")
+            elif "accepted" in msg:
+                self._run = int(msg["accepted"]["run"])
+                self._log_dir = str(msg["accepted"].get("log_dir", ""))
+                self.line(f"[agent] run {self._run}: logs in {self._log_dir}\n")
+            elif "end" in msg:
+                if msg.get("summary"):
+                    self.line(f"summary: {msg['summary']}\n")
+                return _exit_code(msg["end"])
+            elif "error" in msg:
+                self.line(f"agent: error: {msg['error']}\n")
+                return _exit_code(msg.get("code"))
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise _garbled(self._channel, exc) from None
+        return None
+
+    def forward(self, name: str) -> None:
+        self._channel.send({"op": "signal", "signal": name})
+        if not self._forwarded:
+            self._forwarded = True
+            self.line(_STOPPING)
+
+    def line(self, text: str) -> None:
+        self._write(2, text.encode("utf-8", "replace"))
+
+    def lost(self) -> AgentError:
+        during = f"during run {self._run}" if self._run is not None else "before the run started"
+        logs = f"; its logs are in {self._log_dir}" if self._log_dir else ""
+        return AgentError(
+            f"lost the resident agents (node 0's agent at {self._channel.peer}) {during}{logs}; "
+            "check them with `python -m agent status`",
+            ExitCode.RENDEZVOUS,
+        )
+
+    def _write(self, fd: int, data: bytes) -> None:
+        if fd in self._dead:
+            return
+        try:
+            self._streams[fd].write(data)
+            self._streams[fd].flush()
+        except OSError:
+            # A closed pipe (`| head`) or a vanished terminal: the run goes on, and keeps its
+            # output in its log files, so stop writing here rather than abandon the run.
+            self._dead.add(fd)
+
+
+def _answer(channel: Channel, key: str, timeout: float, out: TextIO) -> Any:
+    """The value under `key` of the server's answer; its error as AgentError."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            msg = channel.recv(timeout=max(0.0, deadline - time.monotonic()))
+        except TimeoutError:
+            raise AgentError(
+                f"node 0's agent at {channel.peer} did not answer `{key}` within {timeout:g}s; "
+                "it may be busy or stuck: try again, or check its log",
+                ExitCode.RENDEZVOUS,
+            ) from None
+        if msg is None:
+            raise AgentError(
+                f"node 0's agent at {channel.peer} closed the connection before answering "
+                f"`{key}`; the resident agents may have stopped",
+                ExitCode.RENDEZVOUS,
+            )
+        if "error" in msg:
+            raise AgentError(str(msg["error"]), _known_code(msg.get("code")))
+        if key in msg:
+            return msg[key]
+        if "log" in msg:
+            print(f"[agent] {msg['log']}", file=out)
+
+
+def _exit_code(value: object) -> int:
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 255:
+        return value
+    return int(ExitCode.RANK_FAILED)
+
+
+def _known_code(value: object) -> ExitCode:
+    try:
+        return ExitCode(value)
+    except ValueError:
+        return ExitCode.RENDEZVOUS
+
+
+def _garbled(channel: Channel, exc: Exception) -> AgentError:
+    return AgentError(
+        f"node 0's agent at {channel.peer} sent a message this client does not understand "
+        f"({type(exc).__name__}: {exc}); run the same launch-agent version for both",
+        ExitCode.RENDEZVOUS,
+    )

@@ -1,0 +1,29 @@
+"""`python -m agent run|status|down`: the clients of the resident agents (torch-free)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from agent.plan.client_env import client_env
+from agent.serve import client
+from agent.serve.cli import parse_client
+
+
+def main(action: str, argv: Sequence[str], environ: Mapping[str, str]) -> int:
+    command = parse_client(action, argv)  # --help and usage errors before any connection
+    home = Path.home()
+    target = client.locate(environ, home, command.serve_file)
+    channel = client.open_channel(target, environ, home)
+    try:
+        if action == "status":
+            return client.status(channel, sys.stdout)
+        if action == "down":
+            return client.down(channel, sys.stdout)
+        exported, _ = client_env(environ)  # the secret and the shell's own SLURM_* stay here
+        request = {"op": "run", "argv": list(command.argv), "cwd": os.getcwd(), "env": exported}
+        return client.run(channel, request, sys.stdout.buffer, sys.stderr.buffer)
+    finally:
+        channel.close()

@@ -1,0 +1,90 @@
+"""Every node but 0, resident: wait for the next run's plan, execute it, wait again.
+
+The next run's scope (`r<N>`) is where everything reaches a waiting agent: its plan, or node 0's
+`down` record (which wakes the same key). A node 0 that vanishes is noticed by the heartbeat.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import time
+from collections.abc import Callable
+from typing import Any
+
+from agent.errors import AgentError, ExitCode, PeerFailed
+from agent.node.agent import NodeAgent
+from agent.node.scope import Scope
+from agent.node.signals import Interrupted
+from agent.run.supervisor import StoreLost
+from agent.run.warm_source import WarmSource
+from agent.serve import wire
+from agent.serve.relay import ChannelOut
+
+log = logging.getLogger("agent")
+
+
+def follow(agent: NodeAgent, warm: WarmSource, read_topology: Callable[[str], Any]) -> int:
+    feed = _open_feed(agent)
+    number = 0
+    while True:
+        scope = agent._scope(f"r{number}", wakes=("plan", "done"))
+        _await(agent, scope)
+        failure = scope.failure()
+        if failure is not None and failure.get("kind") == "down":
+            log.info("node 0 stopped serving: %s", failure.get("how"))
+            return 0
+        from agent.console.view import Sinks
+
+        sinks = Sinks(ChannelOut(feed, 1, number), ChannelOut(feed, 2, number))
+        try:
+            agent.execute(number, None, read_topology, warm=warm, sinks=sinks)
+        except PeerFailed as exc:
+            log.warning("run %d ended: %s", number, exc.message)
+        except AgentError as exc:  # ours (a missing script here, say): everyone must hear of it
+            log.error("run %d: %s", number, exc.message)
+            _report(agent, exc.message)
+        if agent.signals.received is not None:
+            raise Interrupted(agent.signals.received)
+        agent.phase = None  # between runs our own trouble is a departure, not a run's failure
+        number += 1
+
+
+def _await(agent: NodeAgent, scope: Scope) -> None:
+    key = scope.key("plan")
+    while not scope.store.wait([key], 1.0):
+        for event in _drained(agent.events):
+            if isinstance(event, StoreLost):
+                raise AgentError(f"{event.why}: node 0's agent is gone", ExitCode.RENDEZVOUS)
+
+
+def _drained(events: Any) -> list[Any]:
+    found = []
+    while True:
+        try:
+            found.append(events.get_nowait())
+        except queue.Empty:
+            return found
+
+
+def _open_feed(agent: NodeAgent) -> wire.Channel | None:
+    """One channel to node 0 for this node's console lines, for every run."""
+    w = agent.world
+    m = agent.membership.scope
+    try:
+        if not m.store.wait([m.key("endpoint")], agent.settings.rdzv_timeout):
+            raise TimeoutError("node 0 never published its endpoint")
+        port = int(m.get("endpoint", "node 0's endpoint")["port"])
+        channel = wire.connect(w.master_addr, port, agent.keys.client_key, 10.0)
+        channel.send({"op": "feed", "node": w.agent_index})
+        return channel
+    except (AgentError, OSError, ValueError, KeyError, TypeError) as exc:
+        log.warning("console lines of %s reach only its rank files: %s", w.host, exc)
+        return None
+
+
+def _report(agent: NodeAgent, how: str) -> None:
+    w = agent.world
+    if agent.phase is not None and agent.reporter is not None:
+        record = {"kind": "setup", "node_rank": w.node_rank, "host": w.host, "how": how}
+        agent.reporter.report(agent.phase, {**record, "time": time.time()})

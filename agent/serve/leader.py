@@ -1,0 +1,189 @@
+"""Node 0's resident loop: take runs from clients one at a time, execute them, answer status/down.
+
+The main thread executes runs (as the one-shot agent does); endpoint threads talk to clients:
+a run request is claimed under a lock (one active run; a second is refused naming it) and queued
+for the main thread; the client's Ctrl-C, or its disconnection, becomes a signal event for the
+supervisor, which stops the run's ranks on every node while the agents stay up.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from agent.node.agent import NodeAgent
+from agent.node.signals import Signalled
+from agent.serve import wire
+from agent.serve.runner import RunRunner
+
+log = logging.getLogger("agent")
+_SIGNALS = {"SIGINT": signal.SIGINT, "SIGTERM": signal.SIGTERM, "SIGHUP": signal.SIGHUP}
+
+
+@dataclass
+class Active:
+    run: int
+    channel: wire.Channel
+    script: str = ""
+    log_dir: str = ""
+    started: float = 0.0
+
+
+class Leader:
+    def __init__(self, agent: NodeAgent, runner: RunRunner, warm_of: Callable[[], list]) -> None:
+        self.agent, self.runner = agent, runner
+        self._warm_of = warm_of  # every node's warm status, for `status`
+        self._lock = threading.Lock()
+        self.active: Active | None = None
+        self.requests: queue.Queue[tuple[str, wire.Channel, dict[str, Any]]] = queue.Queue()
+        self.down: wire.Channel | None = None
+        self.answered = threading.Event()  # set once the `down` client has its answer
+        self.run = 0  # the next run's number (its store scope is r<run>)
+
+    # -- the main thread ------------------------------------------------------------------
+    def loop(self) -> wire.Channel:
+        """Runs until `agent down`; returns the channel of the client that asked."""
+        while True:
+            self.agent.phase = None  # idle: a lost peer is noted (runs refused), not a failure
+            try:
+                kind, channel, message = self.requests.get(timeout=1.0)
+            except queue.Empty:
+                continue
+            if kind == "down":
+                return channel
+            self._execute(channel, message)
+
+    def _execute(self, channel: wire.Channel, message: dict[str, Any]) -> None:
+        active = self.active
+        assert active is not None
+        try:
+            final = self.runner.run(self.run, channel, message, self._started)
+        finally:
+            if self.runner.offered:
+                self.run += 1
+            with self._lock:  # from here on the client's departure is no signal to anyone
+                self.active = None
+            self.runner.after_run()
+        _send(channel, final)
+
+    def _started(self, plan: Any) -> None:
+        with self._lock:
+            if self.active is not None:
+                self.active.script, self.active.log_dir = plan.script, plan.log_dir
+                self.active.started = time.time()
+
+    # -- endpoint threads -----------------------------------------------------------------
+    def handle(self, channel: wire.Channel, first: dict[str, Any]) -> None:
+        op = first.get("op")
+        if op == "status":
+            _send(channel, {"status": self.status()})
+        elif op == "down":
+            self._down(channel)
+        elif op == "run":
+            self._run_request(channel, first)
+        elif op == "feed":
+            self._feed(channel, first)
+        else:
+            _send(channel, {"error": f"unknown request {str(op)[:40]!r}", "code": 2})
+
+    def _run_request(self, channel: wire.Channel, message: dict[str, Any]) -> None:
+        with self._lock:
+            busy = self.active or (self.down and Active(-1, channel))
+            if busy is None:
+                self.active = Active(self.run, channel)
+        if busy is not None:
+            _send(channel, {"error": self._busy(busy), "code": 2})
+            return
+        self.requests.put(("run", channel, message))
+        self._listen(channel)
+
+    def _busy(self, busy: Active) -> str:
+        if busy.run < 0:
+            return "the resident agents are stopping (agent down); start them again with srun"
+        what = f"{busy.script} (logs in {busy.log_dir})" if busy.script else "being prepared"
+        return (
+            f"run {busy.run} is active: {what}; wait for it to end, or stop it with Ctrl-C in "
+            "its client"
+        )
+
+    def _listen(self, channel: wire.Channel) -> None:
+        """The client's signals while its run is active; its departure stops the run."""
+        while True:
+            try:
+                message = channel.recv(None)
+            except Exception:
+                message = None
+            if message is None:
+                self._interrupt(channel, signal.SIGTERM, "the client disconnected")
+                return
+            name = message.get("signal") if message.get("op") == "signal" else None
+            if name in _SIGNALS:
+                self._interrupt(channel, _SIGNALS[name], f"the client sent {name}")
+
+    def _interrupt(self, channel: wire.Channel, signum: int, how: str) -> None:
+        with self._lock:
+            mine = self.active is not None and self.active.channel is channel
+        if mine:
+            log.warning("stopping run %d: %s", self.run, how)
+            self.agent.events.put(Signalled(signum, how))
+
+    def _down(self, channel: wire.Channel) -> None:
+        with self._lock:
+            self.down = channel
+            running = self.active is not None
+        if running:
+            self.agent.events.put(Signalled(signal.SIGTERM, "stopped by `agent down`"))
+        self.requests.put(("down", channel, {}))
+        # The main thread answers once every agent is gone; keep the connection open till then.
+        self.answered.wait(120.0)
+
+    def _feed(self, channel: wire.Channel, first: dict[str, Any]) -> None:
+        """Another agent's console lines for the active run, relayed to that run's client."""
+        while True:
+            message = channel.recv(None)
+            if message is None:
+                return
+            with self._lock:
+                active = self.active
+            if active is not None and message.get("run") == active.run and "out" in message:
+                _send(active.channel, {"out": message["out"], "fd": message.get("fd", 1)})
+
+    def status(self) -> dict[str, Any]:
+        agent, world = self.agent, self.agent.world
+        lost = agent.reporter.lost_peers if agent.reporter else set()
+        with self._lock:
+            active = self.active
+        warm = self._warm_of()
+        nodes = [
+            {
+                "index": i,
+                "host": world.hosts[i] if i < len(world.hosts) else agent.names[i],
+                "state": "lost" if i in lost else "running" if active else "ready",
+                **(warm[i] if i < len(warm) and warm[i] else {"warm": False, "preload": []}),
+            }
+            for i in range(world.agents)
+        ]
+        run = None
+        if active is not None:
+            run = {"run": active.run, "script": active.script, "started": active.started}
+            run["log_dir"] = active.log_dir
+        return {
+            "job": world.job_id,
+            "host": world.host,
+            "nodes": nodes,
+            "run": run,
+            "runs": self.run,
+        }
+
+
+def _send(channel: wire.Channel, message: dict[str, Any]) -> None:
+    try:
+        channel.send(message)
+    except Exception:  # the client went away: its run is stopped by its listener
+        pass

@@ -1,0 +1,67 @@
+"""A resident run's console goes to the client that asked for it, not to the agents' terminals.
+
+Node 0 writes its ranks' lines straight into the client's channel; every other node sends its
+lines to node 0 over its feed (a channel of its own, opened once), and node 0 relays them. The
+router's console thread is the only writer of each, and it drops lines rather than block a rank
+when the client is slow (agent.console.router), so a stalled client never stalls a run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+from agent.serve import wire
+
+log = logging.getLogger("agent")
+
+
+class ChannelOut:
+    """A binary stream for the LogRouter: each write is one {"out"} frame (whole lines)."""
+
+    def __init__(self, channel: wire.Channel | None, fd: int, run: int | None = None) -> None:
+        self.channel, self.fd, self.run = channel, fd, run
+        self.broken = False
+
+    def write(self, data: bytes) -> int:
+        if self.channel is None or self.broken or not data:
+            return len(data)
+        message: dict[str, Any] = {"out": wire.pack_bytes(bytes(data)), "fd": self.fd}
+        if self.run is not None:
+            message["run"] = self.run
+        try:
+            self.channel.send(message)
+        except Exception as exc:  # the client (or node 0) went away: files still get every byte
+            self.broken = True
+            log.warning("console lines no longer reach the client: %s", exc)
+        return len(data)
+
+    def flush(self) -> None:
+        pass
+
+
+class _ToClient(logging.Handler):
+    def __init__(self, channel: wire.Channel, host: str) -> None:
+        super().__init__(logging.INFO)
+        self.channel = channel
+        self.setFormatter(logging.Formatter(f"[agent {host}] %(message)s"))
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self.channel.send({"log": self.format(record)})
+        except Exception:
+            pass
+
+
+@contextlib.contextmanager
+def forward_logs(channel: wire.Channel, host: str) -> Iterator[None]:
+    """Node 0's own messages during a run (teardown reasons, the report) reach the client."""
+    handler = _ToClient(channel, host)
+    logger = logging.getLogger("agent")
+    logger.addHandler(handler)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)

@@ -1,0 +1,171 @@
+"""`python -m agent serve`: join once, then execute runs from clients until `agent down`.
+
+Every node: world → NodeAgent (connect, meet, heartbeats) → a warm interpreter → node 0 leads
+(endpoint, connection file, runs), the others follow. Whatever ends an agent — `down`, a signal,
+node 0's loss — ends the others too, and leaves no process behind (ranks and warm interpreters
+die with their agent: PDEATHSIG).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import threading
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from agent.errors import AgentError
+from agent.launch.oneshot import world_flags
+from agent.node.agent import NodeAgent, NodeSettings, lost_store_error
+from agent.node.signals import Interrupted
+from agent.node.signing import SECRET_ENV, load_secret
+from agent.plan.options import resolve
+from agent.plan.topology import read_topology
+from agent.run.warm_source import WarmSource, preload_modules
+from agent.run.workers import become_subreaper
+from agent.serve import connection
+from agent.serve.cli import ServeCommand
+from agent.serve.endpoint import Endpoint
+from agent.serve.follower import follow
+from agent.serve.leader import Leader
+from agent.serve.runner import RunRunner
+from agent.world import world_from_env
+
+log = logging.getLogger("agent")
+
+
+def serve(command: ServeCommand, environ: Mapping[str, str]) -> int:
+    environ = dict(environ)
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+    given = command.options
+    world = world_from_env(environ, world_flags(given), hostname=socket.gethostname())
+    for handler in logging.getLogger().handlers:
+        handler.setFormatter(logging.Formatter(f"[agent {world.host}] %(message)s"))
+    options = resolve(given, {}, "the command line")
+    settings = NodeSettings(options.rdzv_timeout, options.heartbeat_timeout, options.master_port)
+    secret = load_secret(environ, Path.home())
+    environ.pop(SECRET_ENV, None)  # the ranks never see the job's secret
+    agent = NodeAgent(world=world, settings=settings, secret=secret, environ=environ)
+    agent.signals.install()
+    become_subreaper()
+    warm = WarmSource(() if options.cold else preload_modules(options.preload), resident=True)
+
+    def topology(root: str) -> Any:
+        return read_topology(Path(root))
+
+    leader = None
+    if agent.leader:
+        leader = Leader(agent, RunRunner(agent, warm, topology), _warm_reader(agent))
+    try:
+        agent.connect()
+        agent.meet()
+        warm.ensure(environ)
+        _announce_warm(agent, warm)
+        if leader is not None:
+            code = _lead(agent, leader, warm, environ)
+        else:
+            code = follow(agent, warm, topology)
+        agent.leave()
+        return code
+    except Interrupted as exc:
+        name = signal.Signals(exc.signum).name
+        _stop_everyone(agent, leader, f"{world.host}'s agent received {name}")
+        agent.farewell(None, f"agent received {name}")
+        return 128 + exc.signum
+    except AgentError as exc:
+        _stop_everyone(agent, leader, exc.message)
+        agent.farewell(None, exc.message)
+        raise
+    except (RuntimeError, OSError) as exc:  # torch's DistNetworkError & co: node 0 went away
+        raise lost_store_error(exc) from None
+    finally:
+        warm.close()
+        agent.close()
+
+
+def _lead(agent: NodeAgent, leader: Leader, warm: WarmSource, environ: dict[str, str]) -> int:
+    endpoint = Endpoint(agent.keys.client_key, leader)
+    endpoint.start()
+    agent.membership.scope.put("endpoint", {"port": endpoint.port})
+    w = agent.world
+    path = connection.path_for(environ, Path.home(), w.job_id or "local")
+    record = {
+        "host": w.master_addr,
+        "port": endpoint.port,
+        "job": w.job_id or "",
+        "step": w.step_id or "",
+        "pid": os.getpid(),
+        "hostname": w.host,
+        "started": time.time(),
+    }
+    connection.write(path, record)
+    log.info("serving %d node(s); clients: python -m agent run|status|down (%s)", w.agents, path)
+    try:
+        client = leader.loop()
+        _stop_everyone(agent, leader, "stopped by `agent down`")
+        agent.leave()
+        warm.close()
+        try:
+            lost = agent.reporter.lost_peers if agent.reporter else set()
+            client.send({"down": {"agents": w.agents - len(lost)}})
+        finally:
+            leader.answered.set()
+        return 0
+    finally:
+        connection.remove(path, os.getpid())
+        endpoint.close()
+
+
+def _stop_everyone(agent: NodeAgent, leader: Leader | None, how: str) -> None:
+    """Node 0: wake every waiting agent with a `down` record in the next run's scope."""
+    if leader is None or agent.store is None or not agent.met:
+        return
+    scope = agent._scope(f"r{leader.run}", wakes=("plan", "done"))
+    try:
+        scope.on(agent.store.another_client(op_timeout=2.0)).report(
+            {"kind": "down", "how": how, "agent": 0, "time": time.time()}, slot="down"
+        )
+    except Exception as exc:
+        log.warning("could not tell the other agents to stop: %s", exc)
+
+
+def _announce_warm(agent: NodeAgent, warm: WarmSource) -> None:
+    """Publish this node's warm state once its interpreter is ready (for `agent status`)."""
+    if not warm.enabled or warm.zygote is None:
+        agent.membership.scope.put(f"warm/{agent.world.agent_index}", warm.status())
+        return
+    side = agent.membership.scope.on(agent.store.another_client())
+    zygote = warm.zygote
+
+    def run() -> None:
+        zygote.wait_ready(600.0)
+        try:
+            side.put(f"warm/{agent.world.agent_index}", warm.status())
+        except Exception:
+            pass
+
+    threading.Thread(target=run, name="warm-announce", daemon=True).start()
+
+
+def _warm_reader(agent: NodeAgent) -> Any:
+    """Node 0: every node's warm state (for `status`), over one side connection of its own."""
+    lock = threading.Lock()
+    side: list[Any] = []
+
+    def read() -> list[dict[str, Any] | None]:
+        with lock:
+            if not side:
+                side.append(agent.membership.scope.on(agent.store.another_client(op_timeout=2.0)))
+            found: list[dict[str, Any] | None] = []
+            for i in range(agent.world.agents):
+                try:
+                    found.append(side[0].get_if(f"warm/{i}", "warm state"))
+                except AgentError:
+                    found.append(None)
+            return found
+
+    return read

@@ -1,0 +1,162 @@
+"""Node 0, one client's run: its request → the plan → execution on every node → its answer.
+
+Bad input (argv, configs, script, a lost node) is answered with the usual one-line error and
+nothing is published, so the other agents never hear of the run. Once the plan is offered, a
+failure anywhere ends the run for every node and the agents wait for the next one.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import time
+from collections.abc import Callable
+from typing import Any
+
+from agent.console.view import Sinks
+from agent.errors import AgentError, ExitCode, PeerFailed
+from agent.node.agent import NodeAgent
+from agent.node.signals import Interrupted
+from agent.plan.client_env import client_env
+from agent.plan.run_plan import Request, RunPlan, decide
+from agent.run.supervisor import StoreLost
+from agent.run.warm_source import WarmSource
+from agent.serve import wire
+from agent.serve.cli import parse_run
+from agent.serve.relay import ChannelOut, forward_logs
+
+log = logging.getLogger("agent")
+MAX_ARGS = 4096
+MAX_VARS = 16384
+
+
+class RunRunner:
+    def __init__(self, agent: NodeAgent, warm: WarmSource, read_topology: Callable) -> None:
+        self.agent, self.warm, self.read_topology = agent, warm, read_topology
+        self.offered = False  # the last run got as far as publishing its plan
+
+    def run(
+        self,
+        number: int,
+        channel: wire.Channel,
+        message: dict[str, Any],
+        started: Callable[[RunPlan], None],
+    ) -> dict[str, Any]:
+        """The run's last message for its client: {"end": code, ...} or {"error": ...}."""
+        self.offered = False
+        drain(self.agent.events)  # a previous client's late Ctrl-C is not this run's
+        try:
+            plan = self._plan(number, message)
+        except AgentError as exc:
+            log.warning("run %d refused: %s", number, exc.message)
+            return {"error": exc.message, "code": int(exc.code)}
+        started(plan)
+        _send(channel, {"accepted": {"run": number, "log_dir": plan.log_dir}})
+        sinks = Sinks(ChannelOut(channel, 1), ChannelOut(channel, 2))
+        with forward_logs(channel, self.agent.world.host):
+            try:
+                self.agent.offer(number, plan)
+                self.offered = True
+                code = self.agent.execute(
+                    number, plan, self.read_topology, warm=self.warm, sinks=sinks
+                )
+            except AgentError as exc:
+                if not isinstance(exc, PeerFailed):  # ours: the other nodes must hear of it
+                    self._report(exc.message)
+                return {"error": exc.message, "code": int(exc.code)}
+        if self.agent.signals.received is not None:  # the agent's own signal: stop serving
+            raise Interrupted(self.agent.signals.received)
+        # The report node 0 forwarded ends with "summary: PATH" already.
+        return {"end": code, "summary": None}
+
+    def after_run(self) -> None:
+        drain(self.agent.events)
+
+    def _plan(self, number: int, message: dict[str, Any]) -> RunPlan:
+        agent = self.agent
+        lost = sorted(agent.reporter.lost_peers) if agent.reporter else []
+        if lost:
+            why = agent.reporter.lost_why.get(lost[0], agent.names[lost[0]])
+            raise AgentError(
+                f"{why}; a run needs every node: stop the resident agents (python -m agent "
+                "down) and start them again with srun",
+                ExitCode.RENDEZVOUS,
+            )
+        argv, cwd, env = _checked(message)
+        command = parse_run(argv)
+        given = {k: v for k, v in command.options.items() if v is not None}
+        exported, dropped = client_env(env)
+        if dropped:
+            log.warning("variables too large to pass to the ranks: %s", ", ".join(dropped[:8]))
+        request = Request(
+            command.script,
+            command.configs,
+            command.script_args,
+            command.overrides,
+            given,
+            cwd=cwd,
+            env=exported,
+            log_dir=_default_log_dir(cwd, agent.world.job_id, number),
+        )
+        return decide(request, agent.world, self.read_topology)
+
+    def _report(self, how: str) -> None:
+        w = self.agent.world
+        record = {"kind": "setup", "node_rank": w.node_rank, "host": w.host, "how": how}
+        if self.agent.phase is not None and self.agent.reporter is not None:
+            self.agent.reporter.report(self.agent.phase, {**record, "time": time.time()})
+
+
+def _checked(message: dict[str, Any]) -> tuple[list[str], str, dict[str, str]]:
+    """The request's shape, before anything reads it (a client holds the secret, but may be
+    another version of us, or buggy)."""
+    argv, cwd, env = message.get("argv"), message.get("cwd"), message.get("env")
+    if not (
+        isinstance(argv, list) and len(argv) <= MAX_ARGS and all(isinstance(a, str) for a in argv)
+    ):
+        raise AgentError("the run request has no valid argv; is the client the same version?")
+    if not (isinstance(cwd, str) and os.path.isabs(cwd)):
+        raise AgentError("the run request has no absolute working directory")
+    if not os.path.isdir(cwd):
+        raise AgentError(
+            f"working directory {cwd} does not exist on node 0 ({os.uname().nodename}); run "
+            "from a directory on a file system every node shares"
+        )
+    if not (
+        isinstance(env, dict)
+        and len(env) <= MAX_VARS
+        and all(isinstance(k, str) and isinstance(v, str) for k, v in env.items())
+    ):
+        raise AgentError("the run request's environment is not a map of strings")
+    return argv, cwd, env
+
+
+def _default_log_dir(cwd: str, job_id: str, number: int) -> str:
+    """One directory per run: logs/<job>.run<N> (with a time stamp if an earlier session of
+    resident agents in this job already used that name)."""
+    name = os.path.join("logs", f"{job_id or 'local'}.run{number}")
+    if os.path.exists(os.path.join(cwd, name)):
+        name += time.strftime(".%Y%m%d-%H%M%S")
+    return name
+
+
+def drain(events: Any) -> None:
+    """Drop what a finished run left on the event queue (a lost store stays: it matters)."""
+    kept = []
+    while True:
+        try:
+            event = events.get_nowait()
+        except queue.Empty:
+            break
+        if isinstance(event, StoreLost):
+            kept.append(event)
+    for event in kept:
+        events.put(event)
+
+
+def _send(channel: wire.Channel, message: dict[str, Any]) -> None:
+    try:
+        channel.send(message)
+    except Exception:
+        pass

@@ -1,0 +1,186 @@
+"""An authenticated, encrypted message channel over TCP between node 0's agent and its clients.
+
+Other cluster users can connect to node 0's endpoint and watch or alter the traffic, so:
+- Handshake (plain frames of at most 4 KiB, every read bounded by the caller's timeout): the
+  server sends {"hello": PROTOCOL, "nonce": sn}; the client answers {"nonce": cn, "proof":
+  HMAC(key, "client" + sn + cn)}; the server checks it (a wrong one gets {"error": ...} and the
+  connection is closed) and answers {"proof": HMAC(key, "server" + sn + cn)}, which the client
+  checks, so a process squatting on the port cannot pose as the agents. Fresh nonces on both
+  sides make every proof single-use, and the distinct labels keep one side's proof from being
+  reflected as the other's.
+- Session: every frame is AES-GCM under HMAC(key, "session" + sn + cn) of compact JSON; the
+  nonce is a direction byte (0 client to server, 1 server to client) and an 11-byte count of the
+  frames sent that way. A frame that is altered, replayed, reordered, reflected back to its
+  sender or taken from another session does not open: WireError (REFUSED).
+Binary data travels in the JSON as base64 (`pack_bytes`, `unpack_bytes`).
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import hashlib
+import hmac
+import os
+import socket
+import time
+
+from agent.errors import ExitCode
+from agent.serve.channel import CLIENT, MAX_FRAME, SERVER, Channel
+from agent.serve.framing import FrameReader, WireError, recv_plain, send_plain
+
+__all__ = [
+    "MAX_FRAME",
+    "PROTOCOL",
+    "Channel",
+    "WireError",
+    "accept",
+    "connect",
+    "pack_bytes",
+    "unpack_bytes",
+]
+
+PROTOCOL = "launch-agent/serve/1"
+SEND_TIMEOUT = 60.0  # a peer that takes no data for this long is treated as gone
+_NONCE = 16
+_MISMATCH_HINT = (
+    "this shell must hold the same AGENT_SECRET / ~/.config/launch-agent/secret as the agents "
+    "(export the one the allocation's sbatch script or salloc shell uses)"
+)
+
+
+def accept(
+    sock: socket.socket, auth_key: bytes, timeout: float, send_timeout: float | None = SEND_TIMEOUT
+) -> Channel:
+    """Server side of the handshake on an accepted socket, finished within `timeout` seconds.
+    On any failure the socket is closed and WireError raised (REFUSED: not our client)."""
+    peer = _peer_name(sock)
+    deadline = time.monotonic() + timeout
+    try:
+        _tune(sock)
+        reader = FrameReader(sock, peer)
+        server_nonce = os.urandom(_NONCE)
+        send_plain(sock, {"hello": PROTOCOL, "nonce": server_nonce.hex()}, deadline, peer)
+        reply = recv_plain(reader, deadline, peer, timeout)
+        client_nonce = _hex(reply.get("nonce"), _NONCE)
+        proof = _hex(reply.get("proof"), 32)
+        if client_nonce is None or proof is None:
+            raise WireError(
+                f"refused a connection from {peer}: it is not a launch-agent client",
+                ExitCode.REFUSED,
+            )
+        if not hmac.compare_digest(proof, _mac(auth_key, b"client", server_nonce, client_nonce)):
+            with contextlib.suppress(WireError):
+                send_plain(sock, {"error": "secret mismatch"}, deadline, peer)
+            raise WireError(
+                f"refused a client at {peer}: it does not hold the job's secret",
+                ExitCode.REFUSED,
+            )
+        proof = _mac(auth_key, b"server", server_nonce, client_nonce)
+        send_plain(sock, {"proof": proof.hex()}, deadline, peer)
+        key = _mac(auth_key, b"session", server_nonce, client_nonce)
+        return Channel(sock, key, SERVER, peer, send_timeout)
+    except BaseException:
+        sock.close()
+        raise
+
+
+def connect(
+    host: str,
+    port: int,
+    auth_key: bytes,
+    timeout: float,
+    send_timeout: float | None = SEND_TIMEOUT,
+) -> Channel:
+    """Client side: connect and shake hands within `timeout` seconds. WireError RENDEZVOUS when
+    nothing answers there, REFUSED when the server refuses our secret or cannot prove its own."""
+    peer = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    deadline = time.monotonic() + timeout
+    try:
+        sock = socket.create_connection((host, port), timeout=timeout)
+    except OSError as exc:
+        why = "timed out" if isinstance(exc, TimeoutError) else (exc.strerror or str(exc))
+        raise WireError(f"cannot connect to {peer}: {why}") from None
+    try:
+        _tune(sock)
+        reader = FrameReader(sock, peer)
+        hello = recv_plain(reader, deadline, peer, timeout)
+        server_nonce = _hex(hello.get("nonce"), _NONCE)
+        if hello.get("hello") != PROTOCOL or server_nonce is None:
+            raise WireError(_not_ours(peer, hello.get("hello")), ExitCode.REFUSED)
+        client_nonce = os.urandom(_NONCE)
+        proof = _mac(auth_key, b"client", server_nonce, client_nonce)
+        send_plain(sock, {"nonce": client_nonce.hex(), "proof": proof.hex()}, deadline, peer)
+        reply = recv_plain(reader, deadline, peer, timeout)
+        if "error" in reply:
+            raise WireError(
+                f"node 0's agent refused us: secret mismatch (at {peer}); {_MISMATCH_HINT}",
+                ExitCode.REFUSED,
+            )
+        theirs = _hex(reply.get("proof"), 32)
+        expected = _mac(auth_key, b"server", server_nonce, client_nonce)
+        if theirs is None or not hmac.compare_digest(theirs, expected):
+            raise WireError(
+                f"{peer} did not prove it holds the job's secret: it is not our resident agent "
+                "(another process on that port?); refusing to talk to it",
+                ExitCode.REFUSED,
+            )
+        key = _mac(auth_key, b"session", server_nonce, client_nonce)
+        return Channel(sock, key, CLIENT, peer, send_timeout)
+    except BaseException:
+        sock.close()
+        raise
+
+
+def pack_bytes(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def unpack_bytes(text: str) -> bytes:
+    """ValueError for anything but a base64 string."""
+    if not isinstance(text, str):
+        raise ValueError(f"expected base64 text, got {type(text).__name__}")
+    return base64.b64decode(text, validate=True)
+
+
+def _not_ours(peer: str, greeting: object) -> str:
+    if isinstance(greeting, str) and greeting.startswith("launch-agent/serve/"):
+        return (
+            f"the agent at {peer} speaks {greeting[:40]}, this client {PROTOCOL}: use the same "
+            "launch-agent version for the resident agents and the client"
+        )
+    return f"{peer} is not a launch-agent resident agent (unexpected greeting); refusing it"
+
+
+def _mac(key: bytes, label: bytes, server_nonce: bytes, client_nonce: bytes) -> bytes:
+    return hmac.new(key, label + server_nonce + client_nonce, hashlib.sha256).digest()
+
+
+def _hex(value: object, size: int) -> bytes | None:
+    """`size` bytes from exactly 2*size hex digits, else None."""
+    if not isinstance(value, str) or len(value) != 2 * size:
+        return None
+    try:
+        raw = bytes.fromhex(value)
+    except ValueError:
+        return None
+    return raw if len(raw) == size else None  # fromhex skips spaces: insist on the length
+
+
+def _peer_name(sock: socket.socket) -> str:
+    try:
+        host, port = sock.getpeername()[:2]
+    except OSError:
+        return "an unknown peer"
+    return f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
+
+
+def _tune(sock: socket.socket) -> None:
+    """Small messages go out at once; keepalives notice a peer host that died without a word
+    (a run can be silent for hours, and recv(None) would otherwise wait for ever)."""
+    with contextlib.suppress(OSError):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        for name, value in (("TCP_KEEPIDLE", 30), ("TCP_KEEPINTVL", 10), ("TCP_KEEPCNT", 6)):
+            if hasattr(socket, name):
+                sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)

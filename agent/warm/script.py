@@ -1,0 +1,151 @@
+"""Run the rank's script or module as CPython's main does (Modules/main.c, pythonrun.c), in the
+forked child; the interpreter's own finalisation then ends the process (see zygote_main)."""
+
+from __future__ import annotations
+
+import atexit
+import builtins
+import ctypes
+import os
+import runpy
+import signal
+import sys
+from collections.abc import Callable, Mapping
+from importlib.machinery import EXTENSION_SUFFIXES, BuiltinImporter, SourceFileLoader
+from types import ModuleType
+from typing import Any, NoReturn
+
+
+def run(request: Mapping[str, Any], keep: frozenset[str]) -> tuple[int, bool]:
+    """(exit code, ended by an uncaught KeyboardInterrupt) once the user's code is done."""
+    kind, target, args = request["kind"], request["target"], list(request["args"])
+    sys.orig_argv = list(request["argv"])
+    main = _fresh_main()
+    runner: Callable[[], object]
+    if kind == "module":
+        sys.argv = ["-m", *args]  # runpy puts the module's path there once it is found
+        _add_path0(os.getcwd())
+        runner = lambda: runpy._run_module_as_main(target, alter_argv=True)  # noqa: E731
+    else:
+        sys.argv = [target, *args]
+        filename = os.path.join(os.getcwd(), target)  # CPython 3.9+: __file__ is absolute
+        if _is_importer(filename):  # a directory or zip with __main__.py
+            sys.path.insert(0, filename)
+            runner = lambda: runpy._run_module_as_main("__main__", alter_argv=False)  # noqa: E731
+        else:
+            try:
+                with open(filename, "rb") as file:
+                    source = file.read()
+            except OSError as exc:
+                program = request["argv"][0]
+                print(
+                    f"{program}: can't open file {filename!r}: [Errno {exc.errno}] {exc.strerror}",
+                    file=sys.stderr,
+                )
+                return 2, False
+            _add_path0(os.path.dirname(os.path.realpath(filename)))
+            main.__file__ = filename
+            main.__cached__ = None
+            main.__loader__ = SourceFileLoader("__main__", filename)
+            # dont_inherit: this module's `from __future__` flags must not reach user code.
+            code = compile(source, filename, "exec", dont_inherit=True)
+            runner = lambda: exec(code, main.__dict__)  # noqa: E731, S102
+    _forget_modules(keep)
+    sys.modules["__main__"] = main
+    if kind == "module":
+        sys.modules["runpy"] = runpy  # `python -m` imports runpy before the module runs
+    return _call(runner)
+
+
+def _fresh_main() -> ModuleType:
+    """__main__ as the interpreter creates it at start (pylifecycle.c add_main_module)."""
+    main = ModuleType("__main__")
+    main.__annotations__ = {}
+    main.__builtins__ = builtins
+    main.__loader__ = BuiltinImporter
+    return main
+
+
+def _add_path0(path: str) -> None:
+    if not getattr(sys.flags, "safe_path", False):  # -P / PYTHONSAFEPATH (3.11+)
+        sys.path.insert(0, path)
+
+
+def _is_importer(path: str) -> bool:
+    """What CPython asks to decide whether the script argument is a directory or zip to run."""
+    for hook in sys.path_hooks:
+        try:
+            hook(path)
+        except ImportError:
+            continue
+        return True
+    return False
+
+
+def _forget_modules(keep: frozenset[str]) -> None:
+    """Modules the zygote imported for itself (ours, json, selectors...) and this child imported
+    for the binding leave sys.modules: the user's `import agent` or `import numa` must find their
+    own. Extension modules stay, as re-initialising one in-process is not always supported."""
+    for name in [n for n in sys.modules if n not in keep]:
+        origin = getattr(getattr(sys.modules[name], "__spec__", None), "origin", None) or ""
+        if name not in sys.builtin_module_names and not origin.endswith(tuple(EXTENSION_SUFFIXES)):
+            del sys.modules[name]
+    sys.path_importer_cache.clear()  # finders the zygote cached (its own dirs among them)
+
+
+def _call(runner: Callable[[], object]) -> tuple[int, bool]:
+    try:
+        runner()
+    except SystemExit as exc:
+        return _system_exit_code(exc.code), False
+    except BaseException as exc:
+        _print_uncaught(exc)
+        return 1, isinstance(exc, KeyboardInterrupt)
+    return 0, False
+
+
+def _system_exit_code(code: object) -> int:
+    """_Py_HandleSystemExit: None is 0, an int is itself, anything else is printed and is 1."""
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF  # what exit(3) keeps of it
+    print(code, file=sys.stderr)
+    return 1
+
+
+def _print_uncaught(exc: BaseException) -> None:
+    """Through sys.excepthook as CPython does, from the user's first frame (not ours); a -m
+    traceback keeps runpy's frames, as CPython's does."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
+        tb = tb.tb_next
+    exc.__traceback__ = tb
+    try:
+        sys.excepthook(type(exc), exc, tb)
+    except BaseException:  # a broken hook: CPython falls back to the default one too
+        sys.__excepthook__(type(exc), exc, tb)
+
+
+def fast_exit(code: int, interrupted: bool) -> NoReturn:
+    """What CPython's shutdown does that a script can rely on (non-daemon threads joined, atexit
+    handlers, stdio flushed, 120 if that fails), then _exit: no module teardown, which costs
+    ~0.5 s with torch loaded, but also no __del__ of what the script left alive (a file it never
+    closed loses what is still buffered)."""
+    threading = sys.modules.get("threading")
+    try:
+        if threading is not None:
+            threading._shutdown()  # joins non-daemon threads, as Py_FinalizeEx does first
+        atexit._run_exitfuncs()
+    except KeyboardInterrupt:  # CPython too gives up waiting at a second Ctrl-C
+        pass
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (AttributeError, OSError, ValueError):
+            code = 120
+    ctypes.CDLL(None).fflush(None)  # C stdio (extensions' printf), which exit() would flush
+    if interrupted:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+    os._exit(code)

@@ -1,0 +1,247 @@
+"""Agent side of a zygote: start it, fork ranks from it, learn their exits. Torch-free.
+
+A rank forked by the zygote is the zygote's child, so the zygote reaps it and reports the exit
+over the control socket; one reader thread per Zygote turns those reports into WarmProcess
+results. Protocol: see zygote_main.py.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Mapping, Sequence
+from typing import IO, Any
+
+from agent.warm.command import import_fingerprint, warm_command
+from agent.warm.process import (
+    Pending,
+    WarmProcess,
+    ZygoteGone,
+    exit_after_zygote,
+    file_tail,
+    import_paths,
+)
+from agent.warm.proctitle import PADDING
+
+__all__ = ["WarmProcess", "Zygote", "ZygoteGone"]
+
+ZYGOTE_MAIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "zygote_main.py")
+FORK_REPLY_TIMEOUT = 60.0  # a fork answers in milliseconds; this long means a wedged zygote
+
+
+class Zygote:
+    """One preloaded interpreter per node, serving any number of runs (it never runs user code)."""
+
+    def __init__(
+        self,
+        proc: subprocess.Popen,
+        sock: socket.socket,
+        log: IO[bytes],
+        preload: Sequence[str],
+        fingerprint: tuple[tuple[str, str], ...],
+        fast_exit: bool = False,
+    ) -> None:
+        self.pid = proc.pid
+        self.fast_exit = fast_exit
+        self._proc, self._sock, self._log = proc, sock, log
+        self._fingerprint = fingerprint
+        self._info: dict[str, Any] = {"pid": proc.pid, "preload": list(preload)}
+        self._answered = threading.Event()  # the ready report came, or the zygote is gone
+        self._usable = False
+        self._gone = False
+        self._lock = threading.Lock()  # _info, _pending, _ranks, _gone
+        self._sending = threading.Lock()  # never taken by the reader, which needs only _lock
+        self._ids = itertools.count(1)
+        self._pending: dict[int, Pending] = {}
+        self._ranks: dict[int, WarmProcess] = {}
+        self._reader = threading.Thread(target=self._read, name=f"zygote-{proc.pid}", daemon=True)
+        self._reader.start()
+
+    @classmethod
+    def start(
+        cls, preload: Sequence[str], env: Mapping[str, str], *, fast_exit: bool = False
+    ) -> Zygote:
+        """Start the zygote and return at once; it imports `preload` meanwhile, with exactly
+        `env`. Call from a thread that lives as long as the agent (the main thread): the
+        zygote's PDEATHSIG fires when the thread that started it ends. Ranks end through
+        CPython's own shutdown, or with `fast_exit` skip its module teardown (script.fast_exit)."""
+        bad = [name for name in preload if not name or "," in name]
+        if bad:
+            raise ValueError(f"bad module names to preload: {bad}")
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        # The zygote's own output after its imports (a crash, say): into info["log"] once gone.
+        log = tempfile.TemporaryFile()  # noqa: SIM115 - closed by close()
+        argv = [sys.executable, ZYGOTE_MAIN, str(os.getpid()), str(theirs.fileno())]
+        try:
+            proc = subprocess.Popen(
+                [*argv, import_paths(), ",".join(preload), PADDING],
+                env=dict(env),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                pass_fds=(theirs.fileno(),),
+                start_new_session=True,  # a terminal's Ctrl-C must not reach it
+            )
+        except BaseException:
+            ours.close()
+            log.close()
+            raise
+        finally:
+            theirs.close()
+        return cls(proc, ours, log, preload, import_fingerprint(env), fast_exit)
+
+    def wait_ready(self, timeout: float) -> bool:
+        self._answered.wait(timeout)
+        return self.ready
+
+    @property
+    def ready(self) -> bool:
+        return self._answered.is_set() and self._usable and not self._gone
+
+    @property
+    def info(self) -> dict:
+        with self._lock:
+            return dict(self._info)
+
+    def fits(self, env: Mapping[str, str]) -> bool:
+        return import_fingerprint(env) == self._fingerprint
+
+    def fork(
+        self,
+        argv: Sequence[str],
+        env: Mapping[str, str],
+        cwd: str,
+        cpus: Sequence[int] | None,
+        mems: Sequence[int] | None,
+        strict: bool,
+    ) -> WarmProcess:
+        """Fork one rank running `argv` with exactly `env` in `cwd`, bound as agent/run/child.py
+        binds a fresh rank. Call from the agent's main thread."""
+        command = warm_command(argv, sys.executable)
+        if command is None:
+            raise ValueError(f"not a plain `python SCRIPT` / `python -m MOD` command: {argv}")
+        if not self.fits(env):
+            raise ValueError("env differs from the zygote's in what its imports read (fits())")
+        if not self.ready:
+            raise ZygoteGone(self._why_not())
+        request = {
+            "op": "fork",
+            "kind": command.kind,
+            "target": command.target,
+            "args": list(command.args),
+            "argv": list(argv),
+            "env": dict(env),
+            "cwd": os.path.abspath(cwd),
+            "cpus": None if cpus is None else list(cpus),
+            "mems": None if mems is None else list(mems),
+            "strict": bool(strict),
+            "fast_exit": self.fast_exit,
+        }
+        (out_r, out_w), (err_r, err_w) = os.pipe(), os.pipe()
+        pending = Pending(argv, out_r, err_r)
+        try:
+            self._send(request, pending, [out_w, err_w])
+        except BaseException:
+            pending.close()
+            raise
+        finally:
+            os.close(out_w)  # the zygote has its own copies now (or never will)
+            os.close(err_w)
+        if not pending.answered.wait(FORK_REPLY_TIMEOUT):
+            self.close()
+        if pending.proc is None:
+            pending.close()
+            if pending.error:
+                raise ZygoteGone(f"zygote {self.pid} could not fork: {pending.error}")
+            raise ZygoteGone(self._why_not())
+        return pending.proc
+
+    def close(self) -> None:
+        """Kill the zygote (the ranks it forked follow by PDEATHSIG) and reap it; idempotent."""
+        self._proc.kill()  # a no-op once Popen has reaped it
+        self._proc.wait()
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_RDWR)  # wakes the reader at once
+        if threading.current_thread() is not self._reader:
+            self._reader.join()
+        self._sock.close()
+        self._log.close()
+
+    def __enter__(self) -> Zygote:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    def _send(self, request: dict[str, Any], pending: Pending, fds: list[int]) -> None:
+        with self._lock:
+            if self._gone:
+                raise ZygoteGone(self._why_not(locked=True))
+            request["id"] = rid = next(self._ids)
+            self._pending[rid] = pending
+        data = json.dumps(request).encode() + b"\n"
+        try:
+            with self._sending:  # the pipes ride on the request's first bytes
+                sent = socket.send_fds(self._sock, [data], fds)
+                self._sock.sendall(data[sent:])
+        except OSError as exc:
+            with self._lock:
+                self._pending.pop(rid, None)
+            raise ZygoteGone(f"zygote {self.pid} unreachable: {exc}") from None
+
+    def _why_not(self, locked: bool = False) -> str:
+        info = self._info if locked else self.info
+        if info.get("cuda_initialised"):
+            return f"zygote {self.pid} initialised CUDA while importing: it must not fork"
+        if "exit_status" not in info:
+            return f"zygote {self.pid} is still importing {info['preload']}"
+        last = (info.get("log", "").strip().splitlines() or [""])[-1]  # a crash's last line
+        return f"zygote {self.pid} is gone (exit status {info['exit_status']}) {last}".rstrip()
+
+    def _read(self) -> None:
+        buffer = b""
+        try:
+            while chunk := self._sock.recv(1 << 16):
+                *lines, buffer = (buffer + chunk).split(b"\n")
+                for line in lines:
+                    self._handle(json.loads(line))
+        except (OSError, ValueError, KeyError):  # gone, or a garbled channel: unusable either way
+            self._proc.kill()
+        self._lost()
+
+    def _handle(self, message: dict[str, Any]) -> None:
+        op = message.pop("op")
+        with self._lock:
+            if op == "ready":
+                self._info.update(message)
+                self._usable = not message.get("cuda_initialised")
+                self._answered.set()
+            elif op == "forked":
+                pending = self._pending.pop(message["id"])
+                if "pid" in message:
+                    pending.proc = self._ranks[message["id"]] = pending.started(message["pid"])
+                pending.error = message.get("error", "")
+                pending.answered.set()
+            elif op == "exit":
+                self._ranks.pop(message["id"]).exited(message["code"])
+
+    def _lost(self) -> None:
+        """The zygote is gone: it answers no more, and its ranks die by PDEATHSIG."""
+        status = self._proc.wait()
+        with self._lock:
+            self._gone = True
+            self._info.update(exit_status=status, log=file_tail(self._log.fileno()))
+            pending, self._pending = list(self._pending.values()), {}
+            ranks, self._ranks = list(self._ranks.values()), {}
+        self._answered.set()
+        for waiting in pending:
+            waiting.answered.set()
+        for proc in ranks:
+            proc.exited(exit_after_zygote(proc))

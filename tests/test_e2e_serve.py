@@ -1,0 +1,216 @@
+"""Resident agents end to end: 4 simulated nodes on loopback serving, clients as real processes.
+
+One warm 4-node set serves most tests in turn (as a user's salloc would); tests that break
+agents (a lost node, `down`) get a small set of their own.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from cluster import FIXTURE, wait_for
+from serving import Serving
+
+FIRST_LINE = "import sys; print('warm' if 'torch' in sys.modules else 'cold', flush=True)\n"
+
+
+@pytest.fixture(scope="module")
+def four(tmp_path_factory):
+    serving = Serving(tmp_path_factory.mktemp("serve4"), 4).start()
+    try:
+        yield serving.ready()
+        result = serving.call("down", timeout=60)
+        assert result.returncode == 0, result.stderr
+        assert serving.wait(30) == [0, 0, 0, 0], serving.dump()
+    finally:
+        serving.kill()
+
+
+def _envs(directory):
+    return {
+        int(p.stem.split("-")[1]): json.loads(p.read_text())["env"]
+        for p in directory.glob("env-*.json")
+    }
+
+
+def test_two_runs_each_with_its_own_logs_and_right_env(four, tmp_path):
+    log_dirs = []
+    for attempt in range(2):
+        out = tmp_path / f"env{attempt}"
+        out.mkdir()
+        result = four.call("run", "--nproc-per-node", "2", FIXTURE, "--env-out", str(out))
+        assert result.returncode == 0, result.stderr + four.dump()
+        envs = _envs(out)
+        assert sorted(envs) == list(range(8))
+        for rank, env in envs.items():
+            assert env["WORLD_SIZE"] == "8" and env["LOCAL_RANK"] == str(rank % 2)
+            assert env["GROUP_RANK"] == str(rank // 2) and env["MASTER_ADDR"] == "127.0.0.1"
+            assert env["SLURM_PROCID"] == str(rank // 2), "the node's own step variables"
+        log_dir = result.stderr.split("logs in ", 1)[1].split()[0]
+        summary = json.loads((Path(log_dir) / "summary.json").read_text())
+        assert summary["status"] == "succeeded" and summary["exit_code"] == 0
+        log_dirs.append(log_dir)
+    assert log_dirs[0] != log_dirs[1]
+
+
+def test_ranks_are_warm_and_cold_on_request(four, tmp_path):
+    script = tmp_path / "first.py"
+    script.write_text(FIRST_LINE)
+    warm = four.call("run", "--nproc-per-node", "2", str(script))
+    assert warm.returncode == 0, warm.stderr
+    assert warm.stdout.count("warm") == 8, warm.stdout + warm.stderr
+    cold = four.call("run", "--cold", "--nproc-per-node", "2", str(script))
+    assert cold.returncode == 0, cold.stderr
+    assert cold.stdout.count("cold") == 8, cold.stdout
+
+
+def test_an_edited_script_runs_its_new_text(four, tmp_path):
+    script = tmp_path / "train.py"
+    for text in ("first version", "second version"):
+        script.write_text(f"print({text!r})\n")
+        result = four.call("run", "train.py", cwd=tmp_path)
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.count(text) == 4, result.stdout
+
+
+def test_client_env_reaches_ranks_but_not_its_step_variables(four, tmp_path):
+    out = tmp_path / "env"
+    out.mkdir()
+    shell = {"MY_SETTING": "from the shell", "SLURM_PROCID": "99", "SLURM_STEP_ID": "42"}
+    result = four.call("run", FIXTURE, "--env-out", str(out), env=shell)
+    assert result.returncode == 0, result.stderr
+    for rank, env in _envs(out).items():
+        assert env["MY_SETTING"] == "from the shell"
+        assert env["SLURM_PROCID"] == str(rank) and env["SLURM_STEP_ID"] == "0"
+        assert "AGENT_SECRET" not in env
+
+
+def test_bad_input_is_one_line_and_the_agents_stay(four, tmp_path):
+    bad = tmp_path / "bad.yml"
+    bad.write_text("model: [1, 2\n")
+    result = four.call("run", FIXTURE, str(bad))
+    assert result.returncode == 2
+    errors = [line for line in result.stderr.splitlines() if line.startswith("agent: error:")]
+    assert len(errors) == 1 and "bad.yml" in errors[0], result.stderr
+    assert "Traceback" not in result.stderr
+    missing = four.call("run", "no_such_script.py")
+    assert missing.returncode == 2 and "no_such_script.py" in missing.stderr
+    assert four.status().stdout.count(" ready ") == 4
+
+
+def test_wrong_secret_is_refused_and_runs_nothing(four, tmp_path):
+    marker = tmp_path / "ran"
+    script = tmp_path / "touch.py"
+    script.write_text(f"open({str(marker)!r}, 'w').close()\n")
+    result = four.call("run", str(script), env={"AGENT_SECRET": "not the job's"})
+    assert result.returncode == 4, result.stderr
+    assert "secret" in result.stderr and "Traceback" not in result.stderr
+    assert not marker.exists()
+
+
+def test_ctrl_c_stops_every_rank_and_a_concurrent_run_is_refused(four, tmp_path):
+    ready = tmp_path / "ready"
+    ready.mkdir()
+    args = [FIXTURE, "--signals-to", str(ready), "--ready-to", str(ready), "--others-wait"]
+    client = four.client("run", "--nproc-per-node", "2", *args, "--on")
+    wait_for(lambda: len(list(ready.glob("ready-*"))) == 8, 60, "8 ranks to start")
+    second = four.call("run", FIXTURE)
+    assert second.returncode == 2 and "run " in second.stderr and "is active" in second.stderr
+    assert FIXTURE in second.stderr, "names the active run"
+    client.send_signal(signal.SIGINT)
+    _, err = client.communicate(timeout=30)
+    assert client.returncode == 130, err.decode()
+    for rank in range(8):
+        assert (ready / f"signals-{rank}").read_text().split() == ["SIGINT"]
+    wait_for(lambda: four.status().stdout.count(" ready ") == 4, 30, "agents ready again")
+    after = four.call("run", FIXTURE)
+    assert after.returncode == 0, after.stderr
+
+
+def test_a_killed_client_stops_its_run(four, tmp_path):
+    ready = tmp_path / "ready"
+    ready.mkdir()
+    args = ["--env-out", str(ready), "--ready-to", str(ready), "--others-wait", "--on"]
+    client = four.client("run", FIXTURE, *args)
+    wait_for(lambda: len(list(ready.glob("ready-*"))) == 4, 60, "4 ranks to start")
+    pids = _rank_pids(ready)
+    client.kill()
+    client.wait()
+    start = time.monotonic()
+    assert len(pids) == 4
+    wait_for(lambda: not any(_live(p) for p in pids), 10, "ranks gone")
+    assert time.monotonic() - start < 10
+    assert four.call("run", FIXTURE).returncode == 0
+
+
+def test_spawn_dataloader_workers_in_a_warm_rank(four, tmp_path):
+    script = tmp_path / "loader.py"
+    script.write_text(
+        "import sys\n"
+        "warm = 'torch' in sys.modules\n"
+        "import torch\n"
+        "from torch.utils.data import DataLoader\n"
+        "if __name__ == '__main__':\n"
+        "    data = DataLoader(list(range(8)), batch_size=2, num_workers=2,\n"
+        "                      multiprocessing_context='spawn')\n"
+        "    print('warm' if warm else 'cold', sum(int(b.sum()) for b in data), flush=True)\n"
+    )
+    result = four.call("run", str(script))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count("warm 28") == 4, result.stdout + result.stderr
+
+
+def _rank_pids(ready):
+    return [json.loads(p.read_text())["pid"] for p in ready.glob("env-*.json")]
+
+
+def _live(pid):
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+# -- agents that break: their own small set ------------------------------------------------
+@pytest.fixture
+def two(tmp_path):
+    serving = Serving(tmp_path, 2, ("--preload", "none", "--heartbeat-timeout", "2"))
+    yield serving
+    serving.kill()
+
+
+def test_a_lost_node_is_named_when_a_run_is_refused(two):
+    two.start().ready()
+    os.killpg(two.agents[1].proc.pid, signal.SIGKILL)
+    wait_for(lambda: " lost " in two.status().stdout, 30, "node 0 to notice", interval=0.3)
+    result = two.call("run", FIXTURE)
+    assert result.returncode == 3
+    assert "node 1 (127.0.0.2) lost" in result.stderr, result.stderr
+
+
+def test_down_stops_every_agent_and_leaves_no_process(two, tmp_path):
+    two.start().ready()
+    assert two.call("run", FIXTURE).returncode == 0
+    result = two.call("down")
+    assert result.returncode == 0 and "stopped 2 resident agents" in result.stdout
+    assert two.wait(30) == [0, 0], two.dump()
+    assert not two.connection_file.exists()
+    marker = f"{two.job}.0"
+    left = [
+        p for p in psutil.process_iter()
+        if _live(p.pid) and _environ(p).get("LAUNCH_AGENT_JOB") == marker
+    ]  # fmt: skip
+    assert not left, left
+
+
+def _environ(proc):
+    try:
+        return proc.environ()
+    except psutil.Error:
+        return {}

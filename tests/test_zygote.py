@@ -1,0 +1,405 @@
+"""Warm ranks: real zygotes fork real ranks, compared with fresh `python script.py` ranks.
+
+One torch-preloaded zygote serves the module (imports take seconds here); the tests that kill
+a zygote start their own, with nothing heavy to import.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import selectors
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from agent.warm.process import WarmProcess, ZygoteGone
+from agent.warm.zygote import Zygote
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+PROBE = str(FIXTURES / "warm_probe.py")
+EXIT = str(FIXTURES / "warm_exit.py")
+
+
+def base_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    env.pop("PYTHONUNBUFFERED", None)
+    env.update(OMP_NUM_THREADS="1", RANK="0", RES_OPTIONS="timeout:1 attempts:1")
+    env.update(extra)
+    return env
+
+
+@pytest.fixture(scope="module")
+def zygote():
+    zygote = Zygote.start(["torch", "numpy.random"], base_env())  # numpy.random: seeded at import
+    assert zygote.wait_ready(120), zygote.info
+    yield zygote
+    zygote.close()
+
+
+class Rank:
+    """A forked rank and its two pipes, read to the end."""
+
+    def __init__(self, zygote: Zygote, args: list[str], env: dict, cwd: str, **kw) -> None:
+        options = {"cpus": None, "mems": None, "strict": False, **kw}
+        self.proc = zygote.fork([sys.executable, *args], env, cwd, **options)
+        self.out, self.err = b"", b""
+        self.selector = selectors.DefaultSelector()
+        self.selector.register(self.proc.stdout_fd, selectors.EVENT_READ, "out")
+        self.selector.register(self.proc.stderr_fd, selectors.EVENT_READ, "err")
+
+    def _pump(self, deadline: float, until: bytes | None = None) -> None:
+        while self.selector.get_map() and not (until and until in self.out):
+            events = self.selector.select(max(0.0, deadline - time.monotonic()))
+            assert events or time.monotonic() < deadline, f"rank hung: {self.out!r} {self.err!r}"
+            for key, _ in events:
+                data = os.read(key.fd, 1 << 16)
+                if key.data == "out":
+                    self.out += data
+                else:
+                    self.err += data
+                if not data:
+                    self.selector.unregister(key.fd)
+                    os.close(key.fd)
+
+    def first_line(self, timeout: float = 60) -> str:
+        self._pump(time.monotonic() + timeout, until=b"\n")
+        return self.out.decode().splitlines()[0]
+
+    def wait_for(self, text: str, timeout: float = 60) -> None:
+        self._pump(time.monotonic() + timeout, until=text.encode())
+        assert text.encode() in self.out, (self.out, self.err)
+
+    def finish(self, timeout: float = 120) -> tuple[int, str, str]:
+        self._pump(time.monotonic() + timeout)
+        self.selector.close()
+        return self.proc.wait(timeout), self.out.decode(), self.err.decode()
+
+
+def warm(zygote: Zygote, args: list[str], env: dict | None = None, cwd: str | None = None, **kw):
+    return Rank(zygote, args, env or base_env(), cwd or str(FIXTURES), **kw).finish()
+
+
+def fresh(args: list[str], env: dict | None = None, cwd: str | None = None):
+    done = subprocess.run(
+        [sys.executable, *args],
+        env=env or base_env(),
+        cwd=cwd or str(FIXTURES),
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+        timeout=120,
+    )
+    return done.returncode, done.stdout, done.stderr
+
+
+def gone(pid: int, timeout: float = 10) -> bool:
+    """Bounded wait for a process to be gone (or a zombie nobody reaps yet)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat") as stat:
+                if stat.read().rpartition(")")[2].split()[0] in ("Z", "X"):
+                    return True
+        except FileNotFoundError:
+            return True
+        time.sleep(0.02)
+    return False
+
+
+# --- what the rank looks like --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("unbuffered", [False, True], ids=["buffered", "unbuffered"])
+def test_rank_is_what_a_fresh_interpreter_would_be(zygote, tmp_path, unbuffered):
+    """Everything a script can see of its interpreter matches a fresh `python script.py`
+    started the same way, except that torch is already imported at its first line."""
+    env = base_env(TMPDIR=str(tmp_path), WARM_ONLY_HERE="1")
+    if unbuffered:
+        env["PYTHONUNBUFFERED"] = "1"
+    args, cwd = ["fixtures/warm_probe.py", "--flag", "a b"], str(FIXTURES.parent)
+    code, out, err = warm(zygote, args, env, cwd)
+    assert code == 0, err
+    mine = json.loads(out)
+    code, out, err = fresh(args, env, cwd)
+    assert code == 0, err
+    theirs = json.loads(out)
+    assert mine.pop("torch_at_start") and not theirs.pop("torch_at_start")
+    assert mine.pop("draw") != theirs.pop("draw")
+    assert mine["env"] == env
+    assert mine["argv"] == args and mine["path"][0] == str(FIXTURES)
+    assert mine["file"] == os.path.join(cwd, args[0])
+    assert mine["stdio"]["stdout"]["write_through"] is unbuffered
+    assert mine["agent_modules"] == [] and mine["fds"] == [0, 1, 2]
+    assert mine == theirs
+
+
+def test_module_run_as_with_dash_m(zygote, tmp_path):
+    """`python -m mod`: __main__ is the module, sys.argv[0] its path, sys.path[0] the cwd."""
+    env = base_env()
+    command = ["-m", "warm_mod", "x", "--y"]
+    code, out, err = warm(zygote, command, env, str(FIXTURES))
+    assert code == 0, err
+    assert json.loads(out) == json.loads(fresh(command, env, str(FIXTURES))[1])
+    assert json.loads(out)["argv"] == [str(FIXTURES / "warm_mod.py"), "x", "--y"]
+
+
+def test_user_code_is_never_preloaded(zygote, tmp_path):
+    """The script is read at each fork, and the user's own `agent` package is theirs, not ours."""
+    (tmp_path / "agent").mkdir()
+    (tmp_path / "agent" / "__init__.py").write_text("WHOSE = 'user'\n")
+    script = tmp_path / "main.py"
+    for version in ("one", "two"):
+        script.write_text(f"import agent\nprint({version!r}, agent.WHOSE)\n")
+        assert warm(zygote, [str(script)], cwd=str(tmp_path)) == (0, f"{version} user\n", "")
+
+
+def test_directory_script_and_relative_pythonpath(tmp_path):
+    """`python DIR` runs DIR/__main__.py with DIR on sys.path; a relative PYTHONPATH entry is
+    made absolute against the rank's cwd, not the zygote's."""
+    (tmp_path / "app").mkdir()
+    (tmp_path / "app" / "__main__.py").write_text(
+        "import sys\nprint(sys.argv, __file__, __name__, sys.path)\n"
+    )
+    env = base_env(PYTHONPATH="lib")
+    with Zygote.start([], env) as zygote:
+        assert zygote.wait_ready(60), zygote.info
+        result = warm(zygote, ["app", "x"], env, str(tmp_path))
+    assert result[0] == 0 and str(tmp_path / "lib") in result[1]
+    assert result == fresh(["app", "x"], env, str(tmp_path))
+
+
+# --- how it ends ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "code"),
+    [
+        (["code", "0"], 0),
+        (["code", "3"], 3),
+        (["message", "bad config"], 1),
+        (["raise"], 1),
+        (["kill"], -9),
+        (["text", "hello"], 0),
+        (["late"], 4),
+    ],
+)
+def test_exits_like_cpython(zygote, args, code):
+    """Exit status, stdout and stderr (tracebacks start at the user's frame) as CPython's."""
+    warm_result = warm(zygote, [EXIT, *args])
+    assert warm_result[0] == code
+    assert warm_result == fresh([EXIT, *args])
+
+
+@pytest.fixture(scope="module")
+def fast_zygote():
+    with Zygote.start([], base_env(), fast_exit=True) as zygote:
+        assert zygote.wait_ready(60), zygote.info
+        yield zygote
+
+
+@pytest.mark.parametrize(
+    "args", [["code", "3"], ["message", "m"], ["raise"], ["text", "hi"], ["late"], ["kill"]]
+)
+def test_fast_exit_keeps_what_scripts_rely_on(fast_zygote, args):
+    """Skipping module teardown keeps exit codes, messages, thread joins and atexit."""
+    assert warm(fast_zygote, [EXIT, *args]) == fresh([EXIT, *args])
+
+
+def test_fast_exit_dies_by_sigint(fast_zygote):
+    rank = Rank(fast_zygote, [EXIT, "wait"], base_env(), str(FIXTURES))
+    rank.wait_for("waiting\n")
+    os.kill(rank.proc.pid, signal.SIGINT)
+    code, _, err = rank.finish()
+    assert code == -2 and err.rstrip().endswith("KeyboardInterrupt")
+
+
+def test_keyboard_interrupt_dies_by_sigint(zygote):
+    """SIGINT raises KeyboardInterrupt in the script; uncaught, the rank dies by SIGINT (-2)."""
+    rank = Rank(zygote, [EXIT, "wait"], base_env(), str(FIXTURES))
+    assert rank.first_line() == "waiting"
+    os.kill(rank.proc.pid, signal.SIGINT)
+    code, _, err = rank.finish()
+    assert code == -2
+    assert err.startswith("Traceback") and err.rstrip().endswith("KeyboardInterrupt")
+    assert "agent/warm" not in err
+
+
+def test_files_left_open_are_flushed_at_exit(zygote, tmp_path):
+    """The interpreter's own shutdown runs: a file the script never closed gets its data."""
+    target = tmp_path / "left-open.txt"
+    assert warm(zygote, [EXIT, "unflushed", str(target)]) == (0, "", "")
+    assert target.read_text() == "written at exit\n"
+
+
+def test_killpg_reaches_the_rank_children(zygote):
+    """The rank leads its own process group: the agent's killpg(pid) ends its children too."""
+    rank = Rank(zygote, [EXIT, "grandchild"], base_env(), str(FIXTURES))
+    grandchild = int(rank.first_line())
+    assert os.getpgid(grandchild) == rank.proc.pid
+    os.killpg(rank.proc.pid, signal.SIGTERM)
+    assert rank.finish()[0] == -signal.SIGTERM
+    assert gone(grandchild)
+
+
+# --- libraries' import-time state ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("threads", ["1", "2"])
+def test_thread_counts_follow_the_rank_env(zygote, threads):
+    """libgomp and OpenBLAS read OMP_NUM_THREADS when the zygote imported them: re-applied."""
+    code, out, err = warm(zygote, [PROBE], base_env(OMP_NUM_THREADS=threads))
+    assert code == 0, err
+    state = json.loads(out)
+    assert state["torch_threads"] == int(threads)
+    assert state["openblas_threads"] == min(int(threads), len(os.sched_getaffinity(0)))
+
+
+def test_ranks_draw_different_numpy_numbers(zygote):
+    draws = {json.loads(warm(zygote, [PROBE])[1])["draw"] for _ in range(2)}
+    assert len(draws) == 2
+
+
+def test_cpu_binding(zygote):
+    """cpus=[c]: the rank may use exactly c; without OMP_NUM_THREADS torch uses one thread,
+    as a fresh interpreter started on that one CPU would."""
+    cpu = max(os.sched_getaffinity(0))
+    env = base_env()
+    del env["OMP_NUM_THREADS"]
+    code, out, err = warm(zygote, [PROBE], env, cpus=[cpu], mems=None)
+    assert code == 0, err
+    state = json.loads(out)
+    assert state["affinity"] == [cpu]
+    assert (state["torch_threads"], state["interop_threads"], state["openblas_threads"]) == (
+        1,
+        1,
+        1,
+    )
+
+
+def test_cpu_binding_out_of_reach_stops_the_rank(zygote):
+    code, out, err = warm(zygote, [PROBE], cpus=[100000])
+    assert code == 2 and out == ""
+    assert err.startswith("[agent] cannot bind rank: cannot bind to CPUs [100000]")
+
+
+def test_spawn_and_forkserver_children(zygote):
+    """Children that re-import __main__ (spawn DataLoader workers, a forkserver pool) work."""
+    code, out, err = warm(zygote, [str(FIXTURES / "warm_loader.py")])
+    assert (code, out) == (0, "squares 140 cubes 36\n"), err
+
+
+def test_two_gloo_ranks_all_reduce(zygote):
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = str(probe.getsockname()[1])
+    ranks = [
+        Rank(
+            zygote,
+            [str(FIXTURES / "warm_dist.py")],
+            base_env(MASTER_ADDR="127.0.0.1", MASTER_PORT=port, RANK=str(r), WORLD_SIZE="2"),
+            str(FIXTURES),
+        )
+        for r in range(2)
+    ]
+    for rank in ranks:
+        code, out, err = rank.finish()
+        assert code == 0 and out.startswith("sum 3 "), err
+
+
+# --- the zygote itself ---------------------------------------------------------------------
+
+
+def test_info_and_fingerprint(zygote):
+    info = zygote.info
+    assert info["loaded"] == ["torch", "numpy.random"] and info["failed"] == {}
+    assert info["cuda_initialised"] is False and info["pid"] == zygote.pid
+    env = base_env()
+    assert zygote.fits(env)
+    assert zygote.fits(dict(env, OMP_NUM_THREADS="7", RANK="3", NCCL_DEBUG="INFO"))
+    assert not zygote.fits(dict(env, LD_PRELOAD="/lib/x.so"))
+    assert not zygote.fits(dict(env, TORCH_CPP_LOG_LEVEL="INFO"))
+    with pytest.raises(ValueError):
+        zygote.fork([sys.executable, PROBE], dict(env, LD_PRELOAD="x"), "/", None, None, False)
+    with pytest.raises(ValueError):
+        zygote.fork([sys.executable, "-u", PROBE], env, "/", None, None, False)
+
+
+@pytest.fixture
+def light_zygote():
+    """A zygote that imports a chatty module and one that does not exist, not torch."""
+    env = base_env(PYTHONPATH=str(FIXTURES))
+    with Zygote.start(["no_such_module_here", "warm_noisy"], env) as zygote:
+        assert zygote.wait_ready(60), zygote.info
+        yield zygote, env
+
+
+def test_preload_failures_and_output(light_zygote):
+    """A module that fails to import is reported, not fatal; what the imports printed reaches
+    every rank, as a fresh rank importing them would print it; ps shows the rank's command."""
+    zygote, env = light_zygote
+    assert zygote.info["loaded"] == ["warm_noisy"]
+    assert zygote.info["failed"] == {
+        "no_such_module_here": "ModuleNotFoundError: No module named 'no_such_module_here'"
+    }
+    rank = Rank(zygote, [EXIT, "wait"], env, str(FIXTURES))
+    rank.wait_for("waiting\n")
+    with open(f"/proc/{rank.proc.pid}/cmdline", "rb") as cmdline:
+        shown = cmdline.read().rstrip(b"\0").split(b"\0")
+    assert shown == [os.fsencode(a) for a in (sys.executable, EXIT, "wait")]
+    os.killpg(rank.proc.pid, signal.SIGKILL)
+    code, out, err = rank.finish()
+    assert (code, out) == (-9, "noisy: imported\nwaiting\n")
+    assert "UserWarning: noisy: deprecated" in err
+
+
+def test_killed_zygote_takes_its_ranks_along(light_zygote):
+    """SIGKILL the zygote: its ranks die (PDEATHSIG), waits resolve, fork raises ZygoteGone."""
+    zygote, env = light_zygote
+    rank = Rank(zygote, [EXIT, "wait"], env, str(FIXTURES))
+    rank.wait_for("waiting\n")
+    os.kill(zygote.pid, signal.SIGKILL)
+    assert rank.proc.wait(30) == -signal.SIGKILL
+    assert gone(rank.proc.pid)
+    assert not zygote.ready
+    with pytest.raises(ZygoteGone):
+        zygote.fork([sys.executable, EXIT, "code", "0"], env, "/", None, None, False)
+
+
+AGENT = """
+import os, sys, time
+from agent.warm.zygote import Zygote
+zygote = Zygote.start([], dict(os.environ))
+assert zygote.wait_ready(60)
+rank = zygote.fork([sys.executable, sys.argv[1], "wait"], dict(os.environ), "/", None, None, False)
+print(zygote.pid, rank.pid, flush=True)
+time.sleep(120)
+"""
+
+
+def test_zygote_and_ranks_die_with_the_agent():
+    """The zygote follows its agent (PDEATHSIG), and the zygote's ranks follow it."""
+    agent = subprocess.Popen(
+        [sys.executable, "-c", AGENT, EXIT],
+        stdout=subprocess.PIPE,
+        env=dict(base_env(), PYTHONPATH=str(Path(__file__).resolve().parents[1])),
+    )
+    zygote_pid, rank_pid = map(int, agent.stdout.readline().split())
+    agent.kill()
+    agent.wait()
+    agent.stdout.close()
+    assert gone(zygote_pid) and gone(rank_pid)
+
+
+def test_warm_process_times_out():
+    proc = WarmProcess(os.getpid(), ["x"], -1, -1)
+    with pytest.raises(subprocess.TimeoutExpired):
+        proc.wait(0.01)
+    proc.exited(5)
+    assert (proc.wait(0), proc.poll()) == (5, 5)
