@@ -16,7 +16,16 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.INFO, format="[agent %(process)d] %(message)s", stream=sys.stderr
     )
     try:
-        if argv and argv[0] in ("logs", "exec", "doctor", "serve", "run", "status", "down"):
+        if argv and argv[0] in (
+            "logs",
+            "exec",
+            "doctor",
+            "serve",
+            "run",
+            "status",
+            "down",
+            "stacks",
+        ):
             return _subcommand(argv[0], argv[1:])
         from agent.launch.cli import parse
 
@@ -41,7 +50,7 @@ def _subcommand(name: str, argv: list[str]) -> int:
         from agent.serve.resident import serve  # after parsing: `--help` stays light
 
         return serve(command, os.environ)
-    if name in ("run", "status", "down"):
+    if name in ("run", "status", "down", "stacks"):
         from agent.serve.commands import main as client_main
 
         return client_main(name, argv, os.environ)

@@ -220,6 +220,7 @@ BAD_NUMBERS = {
     "nnodes": [0, -1, 10**7, 10**30],
     "node_rank": [-1, 10**6, 10**30],
     "max_config_bytes": [0, -1, (1 << 30) + 1, 10**30],
+    "hang_timeout": [math.nan, math.inf, -math.inf, -1.0, 365 * 86400.0 + 1, 1e300],
 }
 GOOD_NUMBERS = {
     "grace": [0, 0.0, 5, 86400.0],
@@ -231,6 +232,7 @@ GOOD_NUMBERS = {
     "nnodes": [1, 1000],
     "node_rank": [0, 999],
     "max_config_bytes": [1, 4096, 1 << 30],
+    "hang_timeout": [0, 5, 600.0, 365 * 86400.0],
 }
 
 

@@ -14,11 +14,13 @@ import fcntl
 import logging
 import os
 import queue
+import re
 import selectors
 import threading
 import time
-from dataclasses import dataclass
 from typing import BinaryIO
+
+from agent.console.stream import Stream, StreamState
 
 _READ = 1 << 20
 _PIPE_SIZE = 1 << 20  # a chatty rank then blocks and wakes us 16x less often than with 64 KiB
@@ -28,42 +30,22 @@ log = logging.getLogger("agent")
 PALETTE = (36, 33, 32, 35, 34, 31, 96, 93, 92, 95, 94, 91)  # ANSI colours, one per rank (mod 12)
 
 
-@dataclass(frozen=True)
-class Stream:
-    rank: int
-    name: str  # "out" | "err"
-    path: str
-    prefix: bytes  # b"host:rank: ", maybe coloured
-    to_console: bool
-
-
-class _State:
-    def __init__(self, stream: Stream, file_fd: int) -> None:
-        self.stream = stream
-        self.file_fd = file_fd
-        self.partial = b""
-        self.tail = collections.deque[bytes]()
-        self.tail_size = 0
-        self.done = threading.Event()
-        self.last_output = time.monotonic()
-        self.bytes = 0
-        self.lost = 0  # bytes the file could not take (a full disk): the pipe is drained anyway
-        self.lost_why = ""
-        # Nothing to look at in the bytes (stdout, console off): move them pipe → file in the kernel.
-        self.splice = stream.name == "out" and not stream.to_console and hasattr(os, "splice")
-
-
 class LogRouter:
     def __init__(
-        self, console_out: BinaryIO, console_err: BinaryIO, console_depth: int = 2048
+        self,
+        console_out: BinaryIO,
+        console_err: BinaryIO,
+        console_depth: int = 2048,
+        progress: re.Pattern[bytes] | None = None,
     ) -> None:
+        self._progress = progress
         self._targets = {"out": console_out, "err": console_err}
         self._selector = selectors.DefaultSelector()
         self._wake_r, self._wake_w = os.pipe()
         self._selector.register(self._wake_r, selectors.EVENT_READ, None)
-        self._pending: list[tuple[int, _State]] = []
+        self._pending: list[tuple[int, StreamState]] = []
         self._lock = threading.Lock()
-        self._states: list[_State] = []
+        self._states: list[StreamState] = []
         self._console: queue.Queue[tuple[str, tuple[bytes | memoryview, ...]] | None]
         self._console = queue.Queue(console_depth)
         self._dropped: collections.Counter[int] = collections.Counter()
@@ -73,7 +55,7 @@ class LogRouter:
         self._reader.start()
         self._writer.start()
 
-    def add(self, pipe_fd: int, stream: Stream) -> _State:
+    def add(self, pipe_fd: int, stream: Stream) -> StreamState:
         """Route one pipe; the file is created (appending) before any byte arrives."""
         # Not O_APPEND (splice refuses it); this thread is the file's only writer.
         file_fd = os.open(stream.path, os.O_WRONLY | os.O_CREAT, 0o644)
@@ -81,7 +63,7 @@ class LogRouter:
         if stream.name == "out":
             with contextlib.suppress(OSError):  # over the per-user pipe quota: keep the default
                 fcntl.fcntl(pipe_fd, fcntl.F_SETPIPE_SZ, _PIPE_SIZE)
-        state = _State(stream, file_fd)
+        state = StreamState(stream, file_fd, self._progress)
         with self._lock:
             self._pending.append((pipe_fd, state))
             self._states.append(state)
@@ -107,7 +89,7 @@ class LogRouter:
             self._selector.register(fd, selectors.EVENT_READ, state)
         return not (closing and len(self._selector.get_map()) == 1)
 
-    def _drain(self, fd: int, state: _State) -> None:
+    def _drain(self, fd: int, state: StreamState) -> None:
         if state.splice and self._splice(fd, state):
             return
         try:
@@ -122,12 +104,14 @@ class LogRouter:
         self._to_file(state, data)
         state.bytes += len(data)
         state.last_output = time.monotonic()
+        if self._progress is None or self._progress.search(data):
+            state.last_progress = state.last_output
         if state.stream.name == "err":
             self._keep_tail(state, data)
         if state.stream.to_console:
             self._to_console(state, data)
 
-    def _to_file(self, state: _State, data: bytes) -> None:
+    def _to_file(self, state: StreamState, data: bytes) -> None:
         """Every byte to the rank's file; when the disk refuses, count the loss and go on
         draining the pipe, so the rank never blocks on a full log disk."""
         view = memoryview(data)
@@ -154,7 +138,7 @@ class LogRouter:
             if s.lost
         ]
 
-    def _splice(self, fd: int, state: _State) -> bool:
+    def _splice(self, fd: int, state: StreamState) -> bool:
         """Move what the pipe holds straight into the file; False at EOF or if splice fails."""
         try:
             moved = os.splice(fd, state.file_fd, _READ)
@@ -162,10 +146,10 @@ class LogRouter:
             state.splice = False  # e.g. a file system without splice: copy instead
             return False
         state.bytes += moved
-        state.last_output = time.monotonic()
+        state.last_output = state.last_progress = time.monotonic()
         return moved > 0
 
-    def _finish(self, state: _State) -> None:
+    def _finish(self, state: StreamState) -> None:
         if state.partial and state.stream.to_console:
             self._enqueue(state, (state.stream.prefix, state.partial, b"\n"), b"\n")
             state.partial = b""
@@ -175,14 +159,14 @@ class LogRouter:
             if self._closing and len(self._selector.get_map()) == 1:
                 os.write(self._wake_w, b"x")
 
-    def _keep_tail(self, state: _State, data: bytes) -> None:
+    def _keep_tail(self, state: StreamState, data: bytes) -> None:
         state.tail.append(data)
         state.tail_size += len(data)
         while state.tail_size - len(state.tail[0]) >= _TAIL_BYTES:
             state.tail_size -= len(state.tail.popleft())
 
     # -- console --------------------------------------------------------------------------
-    def _to_console(self, state: _State, data: bytes) -> None:
+    def _to_console(self, state: StreamState, data: bytes) -> None:
         cut = data.rfind(b"\n")
         if cut < 0:
             state.partial += data
@@ -199,7 +183,7 @@ class LogRouter:
         state.partial = data[cut + 1 :]
 
     def _enqueue(
-        self, state: _State, pieces: tuple[bytes | memoryview, ...], lines_in: bytes
+        self, state: StreamState, pieces: tuple[bytes | memoryview, ...], lines_in: bytes
     ) -> None:
         """Queue for the console; when it is behind, count the newlines of `lines_in` as dropped
         (counted only then: the common path makes no extra pass over the bytes)."""

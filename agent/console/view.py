@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import BinaryIO
 
 from agent.console.router import PALETTE, LogRouter
-from agent.plan.options import Options
+from agent.plan.options import Options, progress_pattern
 from agent.plan.rank_set import parse_rank_set
 from agent.plan.ranks import RankSpec
 
@@ -29,17 +29,20 @@ class ConsoleView:
         self.colour = sys.stdout.isatty() if sinks is None else sinks.colour
         self.shown = parse_rank_set(options.console_ranks, "--console-ranks")
         self.live = None
+        progress = (
+            None if options.progress_regex is None else progress_pattern(options.progress_regex)
+        )
         if sinks is not None:  # a resident agent's run: lines go to the client that asked
-            self.router = LogRouter(sinks.out, sinks.err)
+            self.router = LogRouter(sinks.out, sinks.err, progress=progress)
         elif self.colour and options.live:
             from rich.console import Console
 
             from agent.console.live import LiveView
 
             self.live = LiveView(Console(), options.hang_warning)
-            self.router = LogRouter(self.live.stream(), self.live.stream())
+            self.router = LogRouter(self.live.stream(), self.live.stream(), progress=progress)
         else:
-            self.router = LogRouter(sys.stdout.buffer, sys.stderr.buffer)
+            self.router = LogRouter(sys.stdout.buffer, sys.stderr.buffer, progress=progress)
 
     def prefix(self, spec: RankSpec) -> bytes:
         text = f"{spec.host}:{spec.rank}: "

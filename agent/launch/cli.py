@@ -17,6 +17,7 @@ and everything after --, goes to the script verbatim. Other commands:
   python -m agent exec -- CMD                           run CMD on every node, output collated
   python -m agent doctor                                GPUs, NUMA, NICs, RoCE GIDs, NCCL hints
   python -m agent serve | run | status | down           resident agents and warm runs (salloc)
+  python -m agent stacks [LOG_DIR]                      every rank's stack in a live job
 Exit codes: 0 ok, 1 a rank failed, 2 bad input (nothing started), 3 rendezvous or peer lost,
 4 secret mismatch or forged store data, 128+N the agent got signal N."""
 

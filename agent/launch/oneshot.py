@@ -23,6 +23,8 @@ from agent.run import outputs
 from agent.run.summary import build_summary, job_record, node_failure
 from agent.run.warm_source import WarmSource, preload_modules
 from agent.run.workers import become_subreaper
+from agent.serve.connection import remove
+from agent.serve.control import open_control
 from agent.world import WorldFlags, world_from_env
 
 
@@ -52,12 +54,14 @@ def launch(command: Command, environ: Mapping[str, str]) -> int:
     agent.signals.install()
     become_subreaper()
     plan = None
+    control: tuple[Any, str | None] = (None, None)
     warm = WarmSource(() if options.cold else preload_modules(options.preload), resident=False)
     try:
         agent.connect()
         if agent.leader:
             plan = decide(request, world, topology)
             agent.offer(0, plan)
+            control = open_control(agent, plan.log_dir)
         agent.meet()
         code = agent.execute(0, plan, topology, warm=warm)
         agent.leave()
@@ -78,6 +82,7 @@ def launch(command: Command, environ: Mapping[str, str]) -> int:
     except (RuntimeError, OSError) as exc:  # torch's DistNetworkError & co: node 0 went away
         raise lost_store_error(exc) from None
     finally:
+        _close_control(*control)
         warm.close()
         agent.close()
 
@@ -91,6 +96,13 @@ def _unfinished(plan: Any, world: Any, code: int, cause: dict[str, Any]) -> None
         outputs.write_summary(plan.log_dir, build_summary(job_record(world, plan), [], code, cause))
     except (AgentError, OSError):
         pass  # the log dir itself may be what failed
+
+
+def _close_control(endpoint: Any, path: str | None) -> None:
+    if endpoint is not None:
+        endpoint.close()
+    if path is not None:
+        remove(Path(path), os.getpid())
 
 
 def _failure(kind: str, world: Any, why: str) -> dict[str, Any]:

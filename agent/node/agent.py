@@ -55,6 +55,7 @@ class NodeAgent:
         self.claimed = False  # only an agent that holds its node index may speak for it
         self.met = False  # past the join barrier
         self.reporter: Reporter | None = None
+        self.desk: Any = None  # the running attempt's StackDesk (for `agent stacks`)
 
     @property
     def names(self) -> list[str]:
@@ -174,6 +175,7 @@ class NodeAgent:
             environ={**self.environ, **(plan.env or {})},  # a client's exports, over the node's
             stop=self.stop,
             lost_results=self.reporter.lost_failures,
+            show_desk=lambda desk: setattr(self, "desk", desk),
             **extra,
         )
         return attempts.execute(prepared)

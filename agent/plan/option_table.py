@@ -113,6 +113,22 @@ OPTIONS: tuple[Option, ...] = (
         above=True,
     ),
     Option(
+        "hang_timeout",
+        float,
+        0.0,
+        "when no rank of the job made progress for this many seconds: capture every rank's "
+        "stack, report the hang as the root cause, tear down (0: never)",
+        low=0,
+        high=365 * DAY,
+    ),
+    Option(
+        "progress_regex",
+        str,
+        None,
+        "what counts as progress for --hang-timeout: an output line matching this regular "
+        "expression (default: any output)",
+    ),
+    Option(
         "cold",
         bool,
         False,

@@ -36,6 +36,8 @@ class Options:
     rank_prefix: str | None = None
     rank_prefix_ranks: str = "all"
     hang_warning: float = 300.0
+    hang_timeout: float = 0.0
+    progress_regex: str | None = None
     cold: bool = False
     preload: str = "auto"
     sysfs_root: str = "/"
@@ -141,8 +143,22 @@ def _check(o: Options) -> None:
     parse_rank_set(o.console_ranks, "--console-ranks")
     parse_rank_set(o.rank_prefix_ranks, "--rank-prefix-ranks")
     preload_list(o.preload)
+    if o.progress_regex is not None:
+        progress_pattern(o.progress_regex)
     if o.module and o.no_python:
         raise AgentError("--module and --no-python exclude each other: pick one")
+
+
+def progress_pattern(text: str) -> re.Pattern[bytes]:
+    """--progress-regex, compiled for the raw bytes ranks write (checked once, up front)."""
+    if len(text) > 1000:
+        raise AgentError("--progress-regex: longer than 1000 characters; give a shorter pattern")
+    try:
+        return re.compile(text.encode("utf-8", "surrogateescape"))
+    except re.error as exc:
+        raise AgentError(
+            f"--progress-regex {text[:60]!r}: not a regular expression ({exc})"
+        ) from None
 
 
 _MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")

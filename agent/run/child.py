@@ -16,6 +16,7 @@ import signal
 import sys
 
 _PR_SET_PDEATHSIG = 1
+_PR_SET_PTRACER = 0x59616D61  # "Yama"
 
 
 def _die_with_parent(parent: int) -> None:
@@ -24,6 +25,9 @@ def _die_with_parent(parent: int) -> None:
     # The agent may have died between fork and prctl: then nobody would ever signal us.
     if os.getppid() != parent:
         os._exit(1)
+    # Yama ptrace_scope=1 lets only ancestors trace: the agent's py-spy (its child, not ours)
+    # dumps hung ranks. Without Yama this fails with EINVAL, which changes nothing.
+    libc.prctl(_PR_SET_PTRACER, parent, 0, 0, 0)
 
 
 def _ints(text: str) -> list[int]:

@@ -15,6 +15,8 @@ from typing import Any
 
 from agent.console.view import ConsoleView, Sinks
 from agent.errors import ExitCode
+from agent.hang.desk import StackDesk
+from agent.hang.watch import HangWatch
 from agent.node.scope import Scope
 from agent.node.signals import Signals
 from agent.plan.run_plan import rank_specs
@@ -46,6 +48,7 @@ class Attempts:
     lost_results: Callable[[Scope], list[dict[str, Any]]]  # node 0: failures of lost nodes
     warm: WarmSource | None = None  # where ranks are forked from (None: always fresh)
     sinks: Sinks | None = None  # a resident agent's run: console lines to its client
+    show_desk: Callable[[StackDesk | None], None] = lambda desk: None  # for `agent stacks`
 
     def execute(self, prepared: Prepared) -> int:
         plan, world = prepared.plan, self.world
@@ -106,6 +109,8 @@ class Attempts:
         )
         ranks = [s.rank for s in specs]
         log.info("attempt %d: starting ranks %s on %s", attempt, _span(ranks), world.host)
+        desk = StackDesk(scope, world.agents, world.host, lambda: _live(sup))
+        desk.start()
         sup = Supervisor(
             specs,
             attempt=attempt,
@@ -113,7 +118,9 @@ class Attempts:
             report=lambda record: self.report(scope, record),
             grace=plan.options.grace,
             hang_warning=plan.options.hang_warning,
+            hang=self._hang_watch(plan, scope, desk, attempt),
         )
+        self.show_desk(desk)
         scope.watch(
             self.stop,
             lambda record: self.events.put(AbortSeen(attempt, record)),
@@ -152,6 +159,9 @@ class Attempts:
             with self.signals.queued():
                 outcome = sup.run(start)
         finally:
+            self.show_desk(None)
+            if world.agent_index == 0:
+                desk.end()
             console.close()
         outcome.warnings += console.router.losses()
         keep = self.warm.pids() if self.warm is not None else ()
@@ -163,6 +173,21 @@ class Attempts:
             )
             log.warning("%s", outcome.warnings[-1])
         return outcome
+
+    def _hang_watch(self, plan: Any, scope: Scope, desk: StackDesk, attempt: int) -> Any:
+        if plan.options.hang_timeout <= 0:
+            return None
+        w = self.world
+        return HangWatch(
+            scope,
+            desk,
+            timeout=plan.options.hang_timeout,
+            leader=w.agent_index == 0,
+            log_dir=plan.log_dir,
+            attempt=attempt,
+            node_rank=w.node_rank,
+            host=w.host,
+        )
 
     def _judge(self, scope: Scope, attempt: int, max_restarts: int) -> Verdict:
         # Waits for every node's result; a lost node's is written by node 0's heartbeat monitor.
@@ -177,6 +202,11 @@ class Attempts:
         path = outputs.write_summary(prepared.plan.log_dir, summary)
         shown = path or "not written (see above)"
         (log.info if code == 0 else log.error)("%s\nsummary: %s", render_report(summary), shown)
+
+
+def _live(sup: Supervisor) -> list[tuple[int, int]]:
+    workers = getattr(sup, "workers", [])
+    return [(w.spec.rank, w.proc.pid) for w in workers if w.returncode is None]
 
 
 def _result(outcome: Outcome) -> dict[str, Any]:

@@ -58,7 +58,9 @@ class Supervisor:
         grace: float,
         hang_warning: float,
         processes: w.Processes | None = None,
+        hang: Any = None,  # agent.hang.watch.HangWatch when --hang-timeout is set
     ) -> None:
+        self.hang = hang
         self.specs = specs
         self.procs = processes or w.Processes()
         self.attempt = attempt
@@ -195,6 +197,13 @@ class Supervisor:
 
     def _check_hangs(self) -> None:
         now = time.monotonic()
+        live = [w for w in self.workers if w.returncode is None]
+        if self.hang is not None and live and self._deadline is None:
+            last = max(max(w.out.last_progress, w.err.last_progress) for w in live)
+            record = self.hang.tick(now - last)
+            if record is not None:
+                self.outcome.failure = self._report(record) or record
+                self._stop(record["how"])
         for worker in self.workers:
             if worker.returncode is not None or worker.spec.rank in self._hung:
                 continue

@@ -92,6 +92,8 @@ def parse_run(argv: Sequence[str]) -> Command:
 
 
 def parse_client(action: str, argv: Sequence[str]) -> ClientCommand:
+    if action == "stacks":
+        return _parse_stacks(argv)
     if action != "run":
         parser = Parser(
             prog=f"python -m agent {action}",
@@ -106,3 +108,29 @@ def parse_client(action: str, argv: Sequence[str]) -> ClientCommand:
         return ClientCommand(action, parser.parse_args(list(argv)).serve)
     ns = run_parser().parse_args(list(argv))
     return ClientCommand("run", ns.serve, tuple(argv), parse_run(argv))
+
+
+def _parse_stacks(argv: Sequence[str]) -> ClientCommand:
+    parser = Parser(
+        prog="python -m agent stacks",
+        subcommand="stacks",
+        description="Every rank's Python stack in a live job, collated: identical stacks grouped, "
+        "the odd ones out first. Finds the job from LOG_DIR (control.json) or, inside an "
+        "allocation, from SLURM_JOB_ID (resident agents).",
+        allow_abbrev=False,
+    )
+    parser.add_argument("log_dir", nargs="?", metavar="LOG_DIR", help="the job's log dir")
+    parser.add_argument("--native", action="store_true", help="add C/C++ frames (py-spy --native)")
+    parser.add_argument("--ranks", default="all", help="only these ranks, e.g. 0,3-5")
+    parser.add_argument("--serve", metavar="FILE", help=_CLIENT_HELP)
+    ns = parser.parse_args(list(argv))
+    from agent.plan.rank_set import parse_rank_set
+
+    parse_rank_set(ns.ranks, "--ranks")  # a bad list is refused here, before any connection
+    serve_file = ns.serve
+    if ns.log_dir is not None and serve_file is None:
+        import os
+
+        serve_file = os.path.join(ns.log_dir, "control.json")
+    argv_out = ("--native",) if ns.native else ()
+    return ClientCommand("stacks", serve_file, (*argv_out, "--ranks", ns.ranks))

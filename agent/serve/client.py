@@ -111,16 +111,16 @@ def status(
     channel: Channel, out: TextIO, timeout: float = 30.0, now: Callable[[], float] = time.time
 ) -> int:
     channel.send({"op": "status"})
-    answer = _answer(channel, "status", timeout, out)
-    for line in render_status(answer if isinstance(answer, Mapping) else {}, now()):
+    reply = answer(channel, "status", timeout, out)
+    for line in render_status(reply if isinstance(reply, Mapping) else {}, now()):
         print(line, file=out)
     return 0
 
 
 def down(channel: Channel, out: TextIO, timeout: float = 120.0) -> int:
     channel.send({"op": "down"})
-    answer = _answer(channel, "down", timeout, out)
-    agents = answer.get("agents") if isinstance(answer, Mapping) else None
+    reply = answer(channel, "down", timeout, out)
+    agents = reply.get("agents") if isinstance(reply, Mapping) else None
     if isinstance(agents, int) and not isinstance(agents, bool):
         print(f"stopped {agents} resident agent{'' if agents == 1 else 's'}", file=out)
     else:
@@ -191,7 +191,7 @@ class _RunView:
             self._dead.add(fd)
 
 
-def _answer(channel: Channel, key: str, timeout: float, out: TextIO) -> Any:
+def answer(channel: Channel, key: str, timeout: float, out: TextIO) -> Any:
     """The value under `key` of the server's answer; its error as AgentError."""
     deadline = time.monotonic() + timeout
     while True:

@@ -22,6 +22,14 @@ def main(action: str, argv: Sequence[str], environ: Mapping[str, str]) -> int:
             return client.status(channel, sys.stdout)
         if action == "down":
             return client.down(channel, sys.stdout)
+        if action == "stacks":
+            native = "--native" in command.argv
+            ranks = command.argv[-1]
+            channel.send({"op": "stacks", "native": native, "ranks": ranks})
+            reply = client.answer(channel, "stacks", 60.0, sys.stdout)
+            text = reply.get("text", "") if isinstance(reply, dict) else ""
+            sys.stdout.write(text if text.endswith("\n") or not text else text + "\n")
+            return 0
         exported, _ = client_env(environ)  # the secret and the shell's own SLURM_* stay here
         request = {"op": "run", "argv": list(command.argv), "cwd": os.getcwd(), "env": exported}
         return client.run(channel, request, sys.stdout.buffer, sys.stderr.buffer)

@@ -20,6 +20,7 @@ from typing import Any
 from agent.node.agent import NodeAgent
 from agent.node.signals import Signalled
 from agent.serve import wire
+from agent.serve.control import stacks_reply
 from agent.serve.runner import RunRunner
 
 log = logging.getLogger("agent")
@@ -89,6 +90,8 @@ class Leader:
             self._run_request(channel, first)
         elif op == "feed":
             self._feed(channel, first)
+        elif op == "stacks":
+            _send(channel, stacks_reply(self.agent, first))
         else:
             _send(channel, {"error": f"unknown request {str(op)[:40]!r}", "code": 2})
 

@@ -90,6 +90,7 @@ def serve(command: ServeCommand, environ: Mapping[str, str]) -> int:
 def _lead(agent: NodeAgent, leader: Leader, warm: WarmSource, environ: dict[str, str]) -> int:
     endpoint = Endpoint(agent.keys.client_key, leader)
     endpoint.start()
+    leader.runner.port = endpoint.port
     agent.membership.scope.put("endpoint", {"port": endpoint.port})
     w = agent.world
     path = connection.path_for(environ, Path.home(), w.job_id or "local")

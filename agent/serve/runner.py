@@ -24,6 +24,7 @@ from agent.run.supervisor import StoreLost
 from agent.run.warm_source import WarmSource
 from agent.serve import wire
 from agent.serve.cli import parse_run
+from agent.serve.control import write_control
 from agent.serve.relay import ChannelOut, forward_logs
 
 log = logging.getLogger("agent")
@@ -35,6 +36,7 @@ class RunRunner:
     def __init__(self, agent: NodeAgent, warm: WarmSource, read_topology: Callable) -> None:
         self.agent, self.warm, self.read_topology = agent, warm, read_topology
         self.offered = False  # the last run got as far as publishing its plan
+        self.port = 0  # node 0's endpoint, named in each run's control.json
 
     def run(
         self,
@@ -58,6 +60,8 @@ class RunRunner:
             try:
                 self.agent.offer(number, plan)
                 self.offered = True
+                if self.port:
+                    write_control(plan.log_dir, self.agent, self.port)
                 code = self.agent.execute(
                     number, plan, self.read_topology, warm=self.warm, sinks=sinks
                 )

@@ -14,6 +14,7 @@ from typing import Any
 from agent.warm import libs, proctitle, script
 
 _PR_SET_PDEATHSIG = 1
+_PR_SET_PTRACER = 0x59616D61  # "Yama"
 
 
 class Origin:
@@ -41,6 +42,7 @@ class Origin:
         self.paths = paths  # where the agent package (and py-libnuma) live, for the binding
         self.import_out, self.import_err = output  # what the preload printed on stdout, stderr
         self.pid = os.getpid()
+        self.agent = os.getppid()  # zygote_main checked that its parent is the agent
         self.close = close  # closes the zygote's control socket, selector and wakeup pipe
 
 
@@ -84,6 +86,8 @@ def _detach(origin: Origin) -> None:
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     if os.getppid() != origin.pid:  # the zygote died before prctl: nobody would kill us
         os._exit(1)
+    # Yama ptrace_scope=1: let the agent's py-spy (not our ancestor) dump us; EINVAL without Yama
+    libc.prctl(_PR_SET_PTRACER, origin.agent, 0, 0, 0)
     origin.close()
 
 

@@ -1,0 +1,101 @@
+"""Every node's ranks' stacks on request, through the attempt's scope in the job store.
+
+Node 0 asks (`ask`): it takes the next request number, publishes the request, and waits a
+bounded time for every agent's answer. Every agent (node 0 too) has a thread blocked on the next
+request key over a connection of its own; it dumps its own ranks (agent.hang.capture) and
+publishes them sealed. Nothing runs while nobody asks: one blocked wait per agent.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from collections.abc import Callable, Sequence
+
+from agent.hang.stacks import RankStack
+from agent.node.scope import Scope
+
+log = logging.getLogger("agent")
+ANSWER_SLACK = 2.0  # seconds node 0 waits beyond the capture time itself
+
+
+class StackDesk:
+    def __init__(
+        self,
+        scope: Scope,
+        agents: int,
+        host: str,
+        ranks: Callable[[], list[tuple[int, int]]],  # this node's live (rank, pid)
+        fallback_dir: str | None = None,
+    ) -> None:
+        self.scope, self.agents, self.host = scope, agents, host
+        self.ranks, self.fallback_dir = ranks, fallback_dir
+        self._lock = threading.Lock()
+        self._asking: Scope | None = None  # node 0's own connection for requests
+
+    def start(self) -> None:
+        threading.Thread(target=self._answer, name="stacks", daemon=True).start()
+
+    def _answer(self) -> None:
+        from agent.hang.capture import capture
+
+        side = self.scope.on(self.scope.store.another_client())
+        number = 1
+        with contextlib.suppress(Exception):  # the store went away: the attempt is over
+            while True:
+                side.store.wait([side.key("stacks", "req", number)], None)
+                request = side.get(f"stacks/req/{number}", "stacks request")
+                if request.get("end"):
+                    return
+                stacks = capture(
+                    self.ranks(),
+                    self.host,
+                    native=bool(request.get("native")),
+                    timeout=float(request.get("timeout", 2.0)),
+                    fallback_dir=self.fallback_dir,
+                )
+                answer = {"stacks": [s.to_json() for s in stacks]}
+                side.put(f"stacks/{number}/{self.scope.index}", answer)
+                number += 1
+
+    def ask(self, native: bool = False, timeout: float = 2.0) -> list[RankStack]:
+        """Node 0: every node's answer (nodes that did not answer in time are named)."""
+        with self._lock:
+            if self._asking is None:
+                self._asking = self.scope.on(self.scope.store.another_client())
+            s = self._asking
+            number = s.store.add(s.key("stacks", "seq"))
+            s.put(f"stacks/req/{number}", {"native": native, "timeout": timeout})
+            keys = [s.key("stacks", number, i) for i in range(self.agents)]
+            s.store.wait(keys, timeout + ANSWER_SLACK)
+            found: list[RankStack] = []
+            for i, key in enumerate(keys):
+                if not s.store.exists(key):
+                    found.append(_silent(i, timeout + ANSWER_SLACK))
+                    continue
+                answer = s.get(f"stacks/{number}/{i}", "stacks answer")
+                found += [RankStack.from_json(item) for item in _items(answer.get("stacks"))]
+            return sorted(found, key=lambda stack: stack.rank)
+
+    def end(self) -> None:
+        """Node 0, the attempt is over: the answering threads return."""
+        with contextlib.suppress(Exception), self._lock:
+            s = self._asking or self.scope
+            number = s.store.add(s.key("stacks", "seq"))
+            s.put(f"stacks/req/{number}", {"end": True})
+
+
+def _items(value: object) -> Sequence[object]:
+    return value[:4096] if isinstance(value, list) else []
+
+
+def _silent(node: int, waited: float) -> RankStack:
+    return RankStack(
+        rank=-1 - node,
+        host=f"node {node}",
+        pid=0,
+        method="none",
+        threads=(),
+        error=f"node {node}'s agent did not answer within {waited:g} s",
+    )

@@ -1,0 +1,90 @@
+"""Node 0's answers to `agent stacks`, for one-shot jobs and resident agents alike.
+
+A one-shot node 0 opens the same authenticated endpoint as resident agents (agent.serve.endpoint)
+and writes its connection record into the run's log dir (`control.json`), so `python -m agent
+stacks LOG_DIR` finds a live job from its logs; resident agents write it into each run's log dir.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from agent.errors import AgentError
+from agent.node.agent import NodeAgent
+from agent.plan.rank_set import parse_rank_set
+from agent.serve import connection, wire
+
+log = logging.getLogger("agent")
+CONTROL_FILE = "control.json"
+CAPTURE_SECONDS = 2.0
+
+
+def stacks_reply(agent: NodeAgent, message: dict[str, Any]) -> dict[str, Any]:
+    """Every rank's stack now, collated; or an error when no attempt is running."""
+    desk = agent.desk
+    if desk is None:
+        return {"error": "no ranks are running right now (between attempts or runs)", "code": 2}
+    try:
+        wanted = parse_rank_set(str(message.get("ranks") or "all"), "--ranks")
+    except AgentError as exc:
+        return {"error": exc.message, "code": 2}
+    from agent.hang.collate import collate, render
+
+    started = time.monotonic()
+    stacks = desk.ask(native=bool(message.get("native")), timeout=CAPTURE_SECONDS)
+    if wanted is not None:
+        stacks = [s for s in stacks if s.rank in wanted or s.rank < 0]
+    text = render(collate(stacks))
+    return {"stacks": {"text": text, "seconds": round(time.monotonic() - started, 3)}}
+
+
+class Control:
+    """The one-shot node 0's endpoint handler: only `stacks`."""
+
+    def __init__(self, agent: NodeAgent) -> None:
+        self.agent = agent
+
+    def handle(self, channel: wire.Channel, first: dict[str, Any]) -> None:
+        if first.get("op") == "stacks":
+            channel.send(stacks_reply(self.agent, first))
+        else:
+            channel.send(
+                {"error": "this job runs one-shot: only `agent stacks` is served", "code": 2}
+            )
+
+
+def open_control(agent: NodeAgent, log_dir: str) -> tuple[Any, str | None]:
+    """One-shot node 0: the endpoint for `agent stacks` and its control.json."""
+    from agent.serve.endpoint import Endpoint
+
+    endpoint = Endpoint(agent.keys.client_key, Control(agent))
+    endpoint.start()
+    return endpoint, write_control(log_dir, agent, endpoint.port)
+
+
+def write_control(log_dir: str, agent: NodeAgent, port: int) -> str | None:
+    """LOG_DIR/control.json (0600): where `agent stacks LOG_DIR` finds node 0."""
+    w = agent.world
+    path = os.path.join(log_dir, CONTROL_FILE)
+    record = {
+        "host": w.master_addr,
+        "port": port,
+        "job": w.job_id or "",
+        "step": w.step_id or "",
+        "pid": os.getpid(),
+        "hostname": w.host,
+        "started": time.time(),
+    }
+    try:
+        from agent.run.outputs import prepare_log_dir
+
+        prepare_log_dir(log_dir)
+        connection.write(Path(path), record)
+    except (AgentError, OSError) as exc:
+        log.warning("cannot write %s (agent stacks LOG_DIR will not find the job): %s", path, exc)
+        return None
+    return path

@@ -1,0 +1,76 @@
+"""Hangs end to end (2 simulated nodes × 2 ranks on loopback): `agent stacks` on a live job, and
+--hang-timeout tearing a hung job down with every rank's stack as the root cause."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+from cluster import REPO, base_env, job_processes, wait_for
+
+STUCK = str(REPO / "tests" / "fixtures" / "stuck_job.py")
+
+
+def _started(cluster) -> bool:
+    files = [cluster.rank_file(r) for r in range(4)]
+    return all(f.exists() and "iter 0" in f.read_text() for f in files)
+
+
+def _stacks(cluster, *args):
+    env = base_env(cluster.tmp)
+    return subprocess.run(
+        [sys.executable, "-m", "agent", "stacks", str(cluster.log_dir), *args],
+        env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+
+
+def test_stacks_of_a_live_job_grouped_odd_one_first(cluster_factory):
+    cluster = cluster_factory(2).start(["--nproc-per-node", "2", STUCK])
+    wait_for(lambda: _started(cluster), 90, "every rank to reach its loop", interval=0.2)
+    start = time.monotonic()
+    result = _stacks(cluster)
+    took = time.monotonic() - start
+    assert result.returncode == 0, result.stderr + cluster.dump()
+    out = result.stdout
+    assert "---- rank 3 (1 rank on 127.0.0.2) ----" in out, out
+    assert "---- ranks 0-2 (3 ranks on 127.0.0.[1-2]) ----" in out, out
+    assert out.index("spin_without_progress") < out.index("wait_in_the_collective"), out
+    assert took < 3.0, f"agent stacks took {took:.2f}s"
+    assert [a.proc.poll() for a in cluster.agents] == [None, None], "the job keeps running"
+    only = _stacks(cluster, "--ranks", "0")
+    assert "---- rank 0 (1 rank on 127.0.0.1) ----" in only.stdout and "rank 3" not in only.stdout
+
+
+def test_hang_timeout_names_the_lone_rank_and_leaves_nothing(cluster_factory):
+    cluster = cluster_factory(2).start(["--nproc-per-node", "2", "--hang-timeout", "5", STUCK])
+    wait_for(lambda: _started(cluster), 90, "every rank to reach its loop", interval=0.2)
+    last_output = time.monotonic()
+    codes = cluster.wait(60)
+    assert time.monotonic() - last_output < 5 + 5 + 2, "detected and torn down in time"
+    assert codes == [1, 1], cluster.dump()
+    cause = cluster.summary()["root_cause"]["how"]
+    assert cause.startswith("hang: no progress for 5 s; rank 3 in spin_without_progress"), cause
+    assert "ranks 0-2 in wait_in_the_collective" in cause
+    stacks = (cluster.log_dir / "stacks-a0.txt").read_text()
+    assert "rank 3 (1 rank" in stacks and "ranks 0-2 (3 ranks" in stacks
+    assert not job_processes(cluster.marker)
+
+
+def test_output_that_is_not_progress_is_still_a_hang(cluster_factory):
+    args = ["--nproc-per-node", "2", "--hang-timeout", "4", "--progress-regex", r"iter \d+"]
+    cluster = cluster_factory(2).start([*args, STUCK, "--tick"])
+    assert cluster.wait(90) == [1, 1], cluster.dump()
+    assert "tick" in cluster.rank_file(3).read_text(), "the lone rank kept printing"
+    assert cluster.summary()["root_cause"]["how"].startswith("hang: no progress for 4 s")
+
+
+def test_a_hang_restarts_the_world_then_fails_as_a_hang(cluster_factory):
+    args = ["--nproc-per-node", "2", "--hang-timeout", "4", "--max-restarts", "1"]
+    cluster = cluster_factory(2).start([*args, STUCK])
+    assert cluster.wait(120) == [1, 1], cluster.dump()
+    summary = cluster.summary()
+    assert len(summary["attempts"]) == 2, json.dumps(summary)[:2000]
+    assert summary["root_cause"]["how"].startswith("hang: no progress for 4 s")
+    assert (cluster.log_dir / "stacks-a1.txt").exists()
