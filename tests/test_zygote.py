@@ -403,3 +403,21 @@ def test_warm_process_times_out():
         proc.wait(0.01)
     proc.exited(5)
     assert (proc.wait(0), proc.poll()) == (5, 5)
+
+
+def test_a_warm_rank_dumps_its_stack_by_faulthandler_when_asked(zygote, tmp_path):
+    """The fallback where py-spy cannot attach: the rank registered faulthandler itself."""
+    from agent.hang.capture import capture
+
+    script = tmp_path / "stuck.py"
+    script.write_text(
+        "import time\ndef parked_in_a_sleep():\n    print('in', flush=True)\n    time.sleep(600)\n"
+        "parked_in_a_sleep()\n"
+    )
+    rank = Rank(zygote, [str(script)], base_env(), str(tmp_path), fallback_dir=str(tmp_path))
+    rank.wait_for("in")
+    [stack] = capture([(0, rank.proc.pid)], "here", fallback_dir=str(tmp_path), force_fallback=True)
+    assert stack.method == "faulthandler", stack
+    assert "parked_in_a_sleep" in [f.function for t in stack.threads for f in t.frames]
+    os.kill(rank.proc.pid, signal.SIGKILL)
+    rank.finish()

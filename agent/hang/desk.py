@@ -9,15 +9,18 @@ publishes them sealed. Nothing runs while nobody asks: one blocked wait per agen
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import threading
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 from agent.hang.stacks import RankStack
 from agent.node.scope import Scope
 
 log = logging.getLogger("agent")
 ANSWER_SLACK = 2.0  # seconds node 0 waits beyond the capture time itself
+ANSWER_LIMIT = 4 << 20  # bytes of JSON per node's answer (a store value holds 8 MiB sealed)
 
 
 class StackDesk:
@@ -55,8 +58,7 @@ class StackDesk:
                     timeout=float(request.get("timeout", 2.0)),
                     fallback_dir=self.fallback_dir,
                 )
-                answer = {"stacks": [s.to_json() for s in stacks]}
-                side.put(f"stacks/{number}/{self.scope.index}", answer)
+                side.put(f"stacks/{number}/{self.scope.index}", _answer(stacks))
                 number += 1
 
     def ask(self, native: bool = False, timeout: float = 2.0) -> list[RankStack]:
@@ -84,6 +86,19 @@ class StackDesk:
             s = self._asking or self.scope
             number = s.store.add(s.key("stacks", "seq"))
             s.put(f"stacks/req/{number}", {"end": True})
+
+
+def _answer(stacks: list[RankStack]) -> dict[str, object]:
+    """This node's answer, shrunk to fit one store value (deep stacks of many ranks can be
+    megabytes): the innermost frames are the ones that say where a rank is."""
+    answer = {"stacks": [s.to_json() for s in stacks]}
+    if len(json.dumps(answer)) <= ANSWER_LIMIT:
+        return answer
+    small = [
+        replace(s, threads=tuple(replace(t, frames=t.frames[-24:]) for t in s.threads[:8]))
+        for s in stacks
+    ]
+    return {"stacks": [s.to_json() for s in small]}
 
 
 def _items(value: object) -> Sequence[object]:

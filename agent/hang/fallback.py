@@ -29,6 +29,22 @@ _FRAME = re.compile(r'\s+File "(.*)", line (\d+|\?+) in (.*)')
 _fds: list[int] = []  # this process's dump file, kept open for the handler
 
 
+def private_dir() -> str | None:
+    """This user's directory for dump files on this node (0700, ours, not a symlink); None
+    when it cannot be had, and then ranks register no fallback."""
+    import stat
+    import tempfile
+
+    path = os.path.join(tempfile.gettempdir(), f"launch-agent-stacks-{os.getuid()}")
+    try:
+        os.makedirs(path, mode=0o700, exist_ok=True)
+        info = os.lstat(path)
+    except OSError:
+        return None
+    mine = info.st_uid == os.getuid() and stat.S_ISDIR(info.st_mode)
+    return path if mine and stat.S_IMODE(info.st_mode) == 0o700 else None
+
+
 def fallback_path(directory: str, pid: int) -> str:
     """Where rank `pid` writes its faulthandler dumps (the log dir, or a temporary dir)."""
     return os.path.join(directory, f"stacks-fallback.{pid}.txt")

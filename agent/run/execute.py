@@ -7,7 +7,9 @@ writes summary.json; every node acts on node 0's verdict. Per-attempt keys live 
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -16,6 +18,7 @@ from typing import Any
 from agent.console.view import ConsoleView, Sinks
 from agent.errors import ExitCode
 from agent.hang.desk import StackDesk
+from agent.hang.fallback import fallback_path, private_dir
 from agent.hang.watch import HangWatch
 from agent.node.scope import Scope
 from agent.node.signals import Signals
@@ -109,7 +112,7 @@ class Attempts:
         )
         ranks = [s.rank for s in specs]
         log.info("attempt %d: starting ranks %s on %s", attempt, _span(ranks), world.host)
-        desk = StackDesk(scope, world.agents, world.host, lambda: _live(sup))
+        desk = StackDesk(scope, world.agents, world.host, lambda: _live(sup), private_dir())
         desk.start()
         sup = Supervisor(
             specs,
@@ -160,6 +163,7 @@ class Attempts:
                 outcome = sup.run(start)
         finally:
             self.show_desk(None)
+            _forget_dumps(sup)
             if world.agent_index == 0:
                 desk.end()
             console.close()
@@ -207,6 +211,14 @@ class Attempts:
 def _live(sup: Supervisor) -> list[tuple[int, int]]:
     workers = getattr(sup, "workers", [])
     return [(w.spec.rank, w.proc.pid) for w in workers if w.returncode is None]
+
+
+def _forget_dumps(sup: Supervisor) -> None:
+    """Warm ranks' faulthandler dump files (agent.hang.fallback) end with their ranks."""
+    directory = private_dir()
+    for worker in getattr(sup, "workers", []) if directory else ():
+        with contextlib.suppress(OSError):
+            os.unlink(fallback_path(directory, worker.proc.pid))
 
 
 def _result(outcome: Outcome) -> dict[str, Any]:

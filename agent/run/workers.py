@@ -130,6 +130,7 @@ def _forked(
     """A rank forked from the warm interpreter; None when this rank cannot be (fresh instead)."""
     if warm is None or not warm.ready or not warm.fits(env):
         return None
+    from agent.hang.fallback import private_dir
     from agent.warm.command import warm_command
     from agent.warm.zygote import ZygoteGone
 
@@ -137,7 +138,9 @@ def _forked(
         return None
     p = spec.placement
     try:
-        proc = warm.fork(spec.argv, env, cwd or os.getcwd(), p.cpus, p.mem_nodes, p.strict)
+        proc = warm.fork(
+            spec.argv, env, cwd or os.getcwd(), p.cpus, p.mem_nodes, p.strict, private_dir()
+        )
     except ZygoteGone:
         return None
     return proc, proc.stdout_fd, proc.stderr_fd

@@ -11,6 +11,7 @@ import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from agent.hang import fallback
 from agent.warm import libs, proctitle, script
 
 _PR_SET_PDEATHSIG = 1
@@ -131,6 +132,11 @@ def _prepare(request: Mapping[str, Any], origin: Origin) -> int:
     for fd, text in ((1, origin.import_out), (2, origin.import_err)):
         if text:
             os.write(fd, text)
+    if request.get("fallback_dir"):
+        try:
+            fallback.install_fallback(request["fallback_dir"])
+        except OSError:
+            pass  # py-spy remains; `agent stacks` says when neither works
     proctitle.retitle(request["argv"])  # after the binding: the agent may take it as "bound"
     return 0
 

@@ -121,6 +121,7 @@ class Zygote:
         cpus: Sequence[int] | None,
         mems: Sequence[int] | None,
         strict: bool,
+        fallback_dir: str | None = None,
     ) -> WarmProcess:
         """Fork one rank running `argv` with exactly `env` in `cwd`, bound as agent/run/child.py
         binds a fresh rank. Call from the agent's main thread."""
@@ -143,6 +144,7 @@ class Zygote:
             "mems": None if mems is None else list(mems),
             "strict": bool(strict),
             "fast_exit": self.fast_exit,
+            "fallback_dir": fallback_dir,  # stacks by faulthandler where py-spy cannot attach
         }
         (out_r, out_w), (err_r, err_w) = os.pipe(), os.pipe()
         pending = Pending(argv, out_r, err_r)
