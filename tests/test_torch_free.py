@@ -1,0 +1,37 @@
+"""Paths that do not need torch never import it: help, logs, bootstrap, doctor, and the clients
+of resident agents (`run`, `status`, `down`, `stacks`) — checked with `python -X importtime`."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from cluster import REPO
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["-m", "agent", "--help"],
+        ["-m", "agent", "serve", "--help"],
+        ["-m", "agent", "run", "--help"],
+        ["-m", "agent", "stacks", "--help"],
+        ["-m", "agent", "logs", "--help"],
+        ["-m", "agent", "status", "--serve", "/nonexistent/serve.json"],
+        ["-m", "agent", "run", "--serve", "/nonexistent/serve.json", "train.py"],
+        ["-m", "agent", "stacks", "/nonexistent-log-dir"],
+        ["-m", "bootstrap", "--help"],
+    ],
+)
+def test_no_torch_import(argv, tmp_path):
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "PYTHONPATH": str(REPO)}
+    done = subprocess.run(
+        [sys.executable, "-X", "importtime", *argv],
+        capture_output=True, text=True, cwd=tmp_path, env=env, timeout=60,
+    )  # fmt: skip
+    assert done.returncode in (0, 2, 3), done.stderr[-2000:]
+    imported = [line.split("|")[-1].strip() for line in done.stderr.splitlines() if "|" in line]
+    assert imported, "importtime printed nothing"
+    assert not [m for m in imported if m == "torch" or m.startswith("torch.")], argv
+    assert "Traceback" not in done.stderr
