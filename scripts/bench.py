@@ -4,8 +4,9 @@
 
 Writes a markdown report to stdout and <out>/bench.md, raw numbers to <out>/bench.json.
 Sections: launch overhead, teardown latency, rendezvous scale (+ reverse DNS), tee throughput,
-CLI start, steady-state agent cost, relaunch latency (resident agents, warm ranks). Each section has a time budget; repetitions stop when it is
-spent (every cell still gets at least one run), so the whole run stays under 10 minutes.
+CLI start, steady-state agent cost, relaunch latency (resident agents, warm ranks), hang detection
+and `agent stacks`. Each section has a time budget; repetitions stop when it is spent (every cell
+still gets at least one run), so the whole run stays under 10 minutes.
 """
 
 from __future__ import annotations
@@ -25,11 +26,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench import cli_start, launch, rdzv, relaunch, steady, teardown, tee  # noqa: E402
+from bench import cli_start, hang, launch, rdzv, relaunch, steady, teardown, tee  # noqa: E402
 from bench import common as c  # noqa: E402
 from bench.stats import Table, Target, targets_table  # noqa: E402
 
-SECTIONS = ("launch", "teardown", "rdzv", "tee", "cli", "steady", "relaunch")
+SECTIONS = ("launch", "teardown", "rdzv", "tee", "cli", "steady", "relaunch", "hang")
 # What each section costs with one repetition per cell on this machine (seconds, loaded); the
 # sections before it keep this much of the run's time free for it.
 MIN_COST = {
@@ -40,6 +41,7 @@ MIN_COST = {
     "cli": 20,
     "steady": 30,
     "relaunch": 120,
+    "hang": 50,
 }
 RUN_SECONDS = 560  # the whole run; the hard limit is 10 minutes
 
@@ -97,6 +99,7 @@ def plan(quick: bool) -> dict[str, Any]:
             "cli": {"reps": 5},
             "steady": {"seconds": 10.0},
             "relaunch": {"rounds": 1, "warm_per_round": 5, "slurm_warm": 5, "budget": 120},
+            "hang": {"sizes": [2, 8], "rounds": 1, "stacks_reps": [3, 3], "budget": 60},
         }
     return {
         "launch": {"sizes": [1, 4, 8], "reps": {1: 3, 4: 3, 8: 2}, "budget": 280},
@@ -106,6 +109,7 @@ def plan(quick: bool) -> dict[str, Any]:
         "cli": {"reps": 10},
         "steady": {"seconds": 20.0},
         "relaunch": {"rounds": 2, "warm_per_round": 6, "slurm_warm": 8, "budget": 150},
+        "hang": {"sizes": [2, 8], "rounds": 3, "stacks_reps": [3, 5], "budget": 110},
     }
 
 
@@ -140,6 +144,8 @@ def run_section(
         return relaunch.run(
             cfg["rounds"], cfg["warm_per_round"], cfg["slurm_warm"], budget, work, log
         )
+    if name == "hang":
+        return hang.run(cfg["sizes"], cfg["rounds"], tuple(cfg["stacks_reps"]), budget, work, log)
     return steady.run(cfg["seconds"], work, log)
 
 
@@ -153,6 +159,7 @@ SUMMARIZERS: dict[
     "cli": cli_start.summarize,
     "steady": steady.summarize,
     "relaunch": relaunch.summarize,
+    "hang": hang.summarize,
 }
 
 

@@ -21,6 +21,7 @@ from agent.serve import connection, wire
 log = logging.getLogger("agent")
 CONTROL_FILE = "control.json"
 CAPTURE_SECONDS = 2.0
+NATIVE_SECONDS = 8.0  # native unwinding is ~5x slower per rank, and every rank dumps at once
 
 
 def stacks_reply(agent: NodeAgent, message: dict[str, Any]) -> dict[str, Any]:
@@ -35,7 +36,8 @@ def stacks_reply(agent: NodeAgent, message: dict[str, Any]) -> dict[str, Any]:
     from agent.hang.collate import collate, render
 
     started = time.monotonic()
-    stacks = desk.ask(native=bool(message.get("native")), timeout=CAPTURE_SECONDS)
+    native = bool(message.get("native"))
+    stacks = desk.ask(native=native, timeout=NATIVE_SECONDS if native else CAPTURE_SECONDS)
     if wanted is not None:
         stacks = [s for s in stacks if s.rank in wanted or s.rank < 0]
     text = render(collate(stacks))

@@ -89,6 +89,21 @@ def _stacks_ok(out: str, nodes: int, native: bool) -> bool:
     )
 
 
+GROUP = re.compile(r"^---- ranks? (\S+) \((\d+) ranks? on ")
+
+
+def _without_stack(out: str) -> int:
+    """Ranks whose group says "no stack" (py-spy and the fallback both gave nothing in time)."""
+    missing, size = 0, 0
+    for line in out.splitlines():
+        m = GROUP.match(line)
+        if m:
+            size = int(m.group(2))
+        elif line.strip().startswith("no stack"):
+            missing += size
+    return missing
+
+
 def _stacks_once(log_dir: Path, work: Path, nodes: int, native: bool, out: Path) -> dict[str, Any]:
     argv = [c.PY, "-m", "agent", "stacks", str(log_dir), *(["--native"] if native else [])]
     t0 = time.monotonic()
@@ -107,18 +122,33 @@ def _stacks_once(log_dir: Path, work: Path, nodes: int, native: bool, out: Path)
     took = time.monotonic() - t0
     out.write_text(proc.stdout + "\n---- stderr ----\n" + proc.stderr)
     ok = proc.returncode == 0 and _stacks_ok(proc.stdout, nodes, native)
-    result = {"native": native, "s": took, "rc": proc.returncode, "ok": ok, "bytes": len(proc.stdout)}
+    result = {
+        "native": native,
+        "s": took,
+        "rc": proc.returncode,
+        "ok": ok,
+        "bytes": len(proc.stdout),
+        "without_stack": _without_stack(proc.stdout),
+    }
     if not ok:
         result["error"] = (proc.stderr.strip() or proc.stdout.strip())[-400:]
     return result
 
 
 def one_job(
-    nodes: int, reps: tuple[int, int], budget: c.Budget, after: float, work: Path, log
+    nodes: int,
+    rep: int,
+    reps: tuple[int, int],
+    native: bool,
+    budget: c.Budget,
+    after: float,
+    work: Path,
+    log,
 ) -> dict[str, Any]:
-    """Start the hung job, time `agent stacks` (reps[0]..reps[1] plain, one --native), then let
-    --hang-timeout tear it down and time that. `after`: seconds the later jobs need."""
-    tag = f"hang-{nodes}n"
+    """Start the hung job, time `agent stacks` (reps[0], or up to reps[1] while the budget leaves
+    `after` seconds for the later jobs; then one --native if `native`), then let --hang-timeout
+    tear it down and time that."""
+    tag = f"hang-{nodes}n-{rep}"
     where = work / tag
     where.mkdir()
     log_dir = launchers.ours_log_dir(work, tag)
@@ -127,13 +157,16 @@ def one_job(
     extra = ["--hang-timeout", f"{HANG_TIMEOUT:g}"]
     prog = [c.program("hang_rank"), str(where)]
     cmds = launchers.ours(nodes, NPROC, prog, work, tag, extra, {JOB_MARK: marker})
-    result: dict[str, Any] = {"nodes": nodes, "ok": False, "stacks": []}
+    result: dict[str, Any] = {"nodes": nodes, "rep": rep, "ok": False, "stacks": []}
     run = c.start(cmds, work)
     try:
         ready = [where / f"ready-{r}" for r in range(world)] + [log_dir / "control.json"]
-        if not c.wait_for_files(ready, 60 + 25 * nodes, interval=0.1):
-            result["error"] = "the job never came up: " + (c.tail(cmds[0][2]) or "no output")
-            return result
+        deadline = time.monotonic() + 60 + 25 * nodes
+        while not all(f.exists() for f in ready):
+            if run.alive() < len(cmds) or time.monotonic() > deadline:
+                result["error"] = "the job never came up: " + (c.tail(cmds[0][2]) or "no output")
+                return result
+            time.sleep(0.1)
         result["up_s"] = time.monotonic() - run.t0
         time.sleep(0.5)  # every rank in its hang, past its first line
         # -- agent stacks while the job hangs (the lone rank still prints: no teardown yet)
@@ -144,15 +177,15 @@ def one_job(
             out = where / f"stacks-{done}.txt"
             result["stacks"].append(_stacks_once(log_dir, work, nodes, False, out))
             done += 1
-        if run.alive() == len(cmds):
+        if native and run.alive() == len(cmds):
             result["stacks"].append(_stacks_once(log_dir, work, nodes, True, where / "native.txt"))
         for s in result["stacks"]:
-            flag = "ok" if s["ok"] else f"FAILED {s.get('error', '')[:200]}"
+            flag = "ok" if s["ok"] else f"FAILED ({s.get('without_stack')} without a stack)"
             log(f"hang: {nodes} × {NPROC} stacks{' --native' if s['native'] else ''}: "
                 f"{secs(s['s'])} {flag}")  # fmt: skip
-        sample = where / "stacks-0.txt"
-        with contextlib.suppress(OSError):
-            result["stacks_sample"] = sample.read_text()[:1500]
+        if rep == 0:
+            with contextlib.suppress(OSError):
+                result["stacks_sample"] = (where / "stacks-0.txt").read_text()[:1500]
         if run.alive() < len(cmds):
             result["error"] = "an agent exited while the job was meant to hang: " + c.tail(
                 cmds[0][2]
@@ -216,35 +249,59 @@ def _name(proc: psutil.Process) -> str:
 
 
 # Rough cost of one job per size on 2 loaded cores (start-up + stacks + T + teardown), seconds.
-COST = {2: 20.0, 8: 55.0}
+COST = {2: 15.0, 8: 30.0}
 
 
-def run(sizes: list[int], reps: tuple[int, int], budget: c.Budget, work: Path, log) -> dict:
+def run(
+    sizes: list[int], rounds: int, reps: tuple[int, int], budget: c.Budget, work: Path, log
+) -> dict[str, Any]:
+    """Rounds of one job per size; the first round always (up to reps[1] stacks runs and one
+    --native per job), later ones (reps[0] stacks runs) while the budget covers a job's cost."""
     jobs = []
-    for index, nodes in enumerate(sizes):
-        after = sum(COST.get(n, 10.0 * n) for n in sizes[index + 1 :])
-        job = one_job(nodes, reps, budget, after, work, log)
-        jobs.append(job)
-        if not job["ok"]:
-            log(f"hang: {nodes} × {NPROC}: FAILED {job.get('error', '')[:400]}")
-            continue
-        log(
-            f"hang: {nodes} × {NPROC}: up in {secs(job.get('up_s'))}; after T: detected "
-            f"{secs(_minus(job['detected'], HANG_TIMEOUT))}, stacks written "
-            f"{secs(_minus(job['stacks_written'], HANG_TIMEOUT))}, summary "
-            f"{secs(_minus(job['summary'], HANG_TIMEOUT))}; teardown {secs(job['teardown'])}; "
-            f"codes {job['codes']}; left behind {job['left_behind']}"
-        )
+    cost = dict(COST)
+    for rnd in range(rounds):
+        for index, nodes in enumerate(sizes):
+            if rnd > 0 and budget.left() < cost.get(nodes, 5.0 * nodes) + 5.0:
+                log(f"hang: {nodes} × {NPROC}: budget spent, {rnd} job(s)")
+                continue
+            after = sum(cost.get(n, 5.0 * n) for n in sizes[index + 1 :]) if rnd == 0 else 0.0
+            started = time.monotonic()
+            job = one_job(
+                nodes, rnd, reps if rnd == 0 else (reps[0], reps[0]), rnd == 0, budget, after,
+                work, log,
+            )  # fmt: skip
+            cost[nodes] = time.monotonic() - started
+            jobs.append(job)
+            if not job["ok"]:
+                log(f"hang: {nodes} × {NPROC} job {rnd}: FAILED {job.get('error', '')[:400]}")
+                continue
+            log(
+                f"hang: {nodes} × {NPROC} job {rnd}: up in {secs(job.get('up_s'))}; after T: "
+                f"detected {secs(_minus(job['detected'], HANG_TIMEOUT))}, stacks written "
+                f"{secs(_minus(job['stacks_written'], HANG_TIMEOUT))}, summary "
+                f"{secs(_minus(job['summary'], HANG_TIMEOUT))}; teardown {secs(job['teardown'])}; "
+                f"codes {job['codes']}; left behind {job['left_behind']}"
+            )
     return {"nproc_per_node": NPROC, "hang_timeout": HANG_TIMEOUT, "jobs": jobs}
+
+
+def _cell(values: list[float | None]) -> str:
+    """median (min–max) over the jobs, as seconds."""
+    got = [v for v in values if v is not None]
+    if not got:
+        return "n/a"
+    return secs(median(got)) + ("" if len(got) == 1 else f" ({spread(got)})")
 
 
 def summarize(data: dict[str, Any]) -> tuple[list[Table], list[Target], dict[str, Any]]:
     t, p = data["hang_timeout"], data["nproc_per_node"]
     detect = Table(
         f"8a. Hang detection (--hang-timeout {t:g}; N loopback nodes × {p} ranks; the last rank "
-        "spins, the others wait in a gloo all_reduce; times from the last line any rank printed)",
+        "spins, the others wait in a gloo all_reduce; times from the last line any rank printed; "
+        "median (min–max) over the jobs)",
         [
             "nodes × ranks",
+            "jobs",
             "detected after T",
             "stacks captured after T",
             "detect+capture after T (summary.json)",
@@ -256,83 +313,95 @@ def summarize(data: dict[str, Any]) -> tuple[list[Table], list[Target], dict[str
         ],
     )
     stacks = Table(
-        f"8b. `agent stacks LOG_DIR` on the hung job (wall time of the command, interpreter "
-        f"start included; the job keeps running)",
+        "8b. `agent stacks LOG_DIR` on the hung job (wall time of the command, interpreter "
+        "start included; the job keeps running)",
         ["nodes × ranks", "runs", "median", "min–max", "--native (1 run)", "output"],
     )
     summary: dict[str, Any] = {}
     targets: list[Target] = []
-    for job in data["jobs"]:
-        n = job["nodes"]
+    for n in sorted({job["nodes"] for job in data["jobs"]}):
         name = f"{n} × {p}"
-        plain = [s for s in job["stacks"] if not s["native"]]
-        times_ok = [s["s"] for s in plain if s["ok"]]
-        native = next((s for s in job["stacks"] if s["native"]), None)
-        med = median(times_ok) if plain and len(times_ok) == len(plain) else None
-        failed = len(plain) - len(times_ok)
+        jobs = [job for job in data["jobs"] if job["nodes"] == n]
+        done = [job for job in jobs if job.get("ok")]
+        failed_jobs = len(jobs) - len(done)
+        # -- agent stacks
+        plain = [s for job in jobs for s in job["stacks"] if not s["native"]]
+        good = [s["s"] for s in plain if s["ok"]]
+        bad = len(plain) - len(good)
+        med = median(good) if plain and not bad else None
+        native = next((s for job in jobs for s in job["stacks"] if s["native"]), None)
+        if native is None:
+            native_cell = "n/a"
+        elif native["ok"]:
+            native_cell = secs(native["s"])
+        else:
+            native_cell = (
+                f"{secs(native['s'])}, {native.get('without_stack', '?')} of {n * p} ranks "
+                'without a stack ("py-spy gave no stack within 2s")'
+            )
         if plain:
             stacks.add(
                 name,
-                f"{len(plain)}" + (f" ({failed} failed)" if failed else ""),
-                secs(med) if failed == 0 else "FAILED",
-                spread(times_ok),
-                "n/a" if native is None else secs(native["s"]) + ("" if native["ok"] else " FAILED"),
-                "lone rank first, others grouped" if failed == 0 else "see bench.json",
+                f"{len(plain)} in {len(jobs)} job(s)" + (f", {bad} FAILED" if bad else ""),
+                secs(med) if not bad else f"FAILED (median of the good: {secs(median(good))})",
+                spread(good),
+                native_cell,
+                "lone rank first, others grouped" if not bad else "see bench.json",
             )
-        if job.get("ok"):
+        # -- detection
+        if done:
+            exited = [job["all_exited"] for job in done]
             detect.add(
                 name,
-                secs(_minus(job["detected"], t)),
-                secs(_minus(job["stacks_written"], t)),
-                secs(_minus(job["summary"], t)),
-                secs(job["teardown"]),
-                secs(job["all_exited"])
-                if job["all_exited"] is not None
-                else f"{job['still_running']} agent(s) still running",
-                " ".join("killed" if x is None else str(x) for x in job["codes"]),
-                "yes" if job["root_cause_ok"] else f"NO: {job['root_cause'][:120]}",
-                job["left_behind"],
+                f"{len(done)}" + (f" (+{failed_jobs} failed)" if failed_jobs else ""),
+                _cell([_minus(job["detected"], t) for job in done]),
+                _cell([_minus(job["stacks_written"], t) for job in done]),
+                _cell([_minus(job["summary"], t) for job in done]),
+                _cell([job["teardown"] for job in done]),
+                _cell(exited)
+                if None not in exited
+                else f"{sum(e is None for e in exited)} job(s) with agents still running",
+                " ".join("killed" if x is None else str(x) for x in done[-1]["codes"]),
+                "yes"
+                if all(job["root_cause_ok"] for job in done)
+                else "NO: " + next(j["root_cause"] for j in done if not j["root_cause_ok"])[:120],
+                max(job["left_behind"] for job in done),
             )
         else:
-            detect.add(name, "FAILED", job.get("error", "")[:150], "", "", "", "", "", "")
+            error = jobs[0].get("error", "") if jobs else ""
+            detect.add(name, "0", "FAILED", error[:150], "", "", "", "", "", "")
         summary[name] = {
             "stacks_median": med,
             "stacks_native": None if native is None else native["s"],
-            "detect_capture_after_t": _minus(job.get("summary"), t),
-            "teardown": job.get("teardown"),
+            "stacks_native_without_stack": None if native is None else native["without_stack"],
+            "detect_capture_after_t": median(
+                [v for v in (_minus(job["summary"], t) for job in done) if v is not None]
+            ),
+            "teardown": median([job["teardown"] for job in done if job["teardown"] is not None]),
+            "exited_after_t": median(
+                [job["all_exited"] - t for job in done if job["all_exited"] is not None]
+            ),
         }
-        if n == 2:
-            targets.append(
-                Target(
-                    f"`agent stacks` on a hung {name} job",
-                    f"≤ {STACKS_BAR:g} s",
-                    secs(med) if plain else "n/a",
-                    None if med is None else med <= STACKS_BAR,
-                )
+        wanted = f"≤ {STACKS_BAR:g} s" if n == 2 else "reported"
+        targets.append(
+            Target(
+                f"`agent stacks` on a hung {name} job (median)",
+                wanted,
+                (secs(med) if med is not None else "FAILED") if plain else "n/a",
+                (None if med is None else med <= STACKS_BAR) if n == 2 else None,
             )
-        elif plain:
-            targets.append(
-                Target(f"`agent stacks` on a hung {name} job", "reported", secs(med), None)
-            )
+        )
     detect.notes += [
         "last output = time.time() a rank wrote just before its last line (the lone rank's "
         "'going quiet'); detected = node 0's 'no rank made progress' log line (ms resolution); "
         "stacks captured = mtime of stacks-a0.txt; summary.json = its mtime (the hang is the root "
-        "cause, the stacks in it). Each agent checks its ranks about once a second, so "
-        "detection lands 0–~1 s after T by design.",
+        "cause, the stacks in it). Each agent looks at its ranks' output about once a second "
+        "(then counts itself quiet) and node 0 reads the quiet counter on its own tick, so "
+        "detection lands up to ~2 s after T by design.",
         "teardown: node 0 SIGTERMs the ranks of every node, gathers every node's result, writes "
         "summary.json; 'last agent exit' is the waitpid of the last of the N agents. 'processes "
         "left behind': live processes carrying the job's env marker once every agent had exited "
         "(killed by the bench if any).",
-        "Peers, published (not run here): NVIDIA ft_launcher (nvidia-resiliency-ext) detects a "
-        "hang only from heartbeats/sections the training script must send (RankMonitorClient, a "
-        "code change); its rank monitors check every workload_check_interval = 5 s (default), so "
-        "detection lands up to 5 s after the timeout (defaults 60 min for the first heartbeat, "
-        "45 min after), and it kills the rank with rank_termination_signal = SIGKILL (default) "
-        "— no stacks. torchrun has no hang detection: a hung job runs until the Slurm time limit, "
-        "unless a collective's own timeout (30 min for gloo, 10 min for NCCL by default) fails "
-        "the ranks waiting in it — without any rank's stack, and never for a rank hung outside a "
-        "collective.",
     ]
     stacks.notes += [
         "Each run is a fresh `python -m agent stacks LOG_DIR` (node 0 found from "
@@ -341,4 +410,47 @@ def summarize(data: dict[str, Any]) -> tuple[list[Table], list[Target], dict[str
         "group. While it is timed the lone rank prints a line every 0.5 s (so --hang-timeout "
         "does not fire yet) and spins at 100 % of a core, as a hung rank can.",
     ]
-    return [detect, stacks], targets, summary
+    return [detect, stacks, _peers(t, summary)], targets, summary
+
+
+def _peers(t: float, summary: dict[str, Any]) -> Table:
+    table = Table(
+        "8c. Hang handling against the peers (published figures: the same run cannot include "
+        "them — ft_launcher needs code in the training script, torchrun has no hang detection)",
+        ["launcher", "a hang is", "after the timeout T", "every rank's stack", "script changes"],
+    )
+    ours = "; ".join(
+        f"{name}: stacks in summary.json {secs(row['detect_capture_after_t'])}, every agent "
+        f"exited {secs(row['exited_after_t'])}"
+        for name, row in summary.items()
+    )
+    table.add(
+        "launch-agent --hang-timeout (this run)",
+        "no output line (or no --progress-regex match) from any rank on any node for T",
+        ours or "n/a",
+        "yes: collated into summary.json and stacks-a<N>.txt; `agent stacks` any time",
+        "none",
+    )
+    table.add(
+        "NVIDIA ft_launcher (nvidia-resiliency-ext)",
+        "a rank's heartbeat or section update missing for its timeout (defaults 60 min first, "
+        "45 min after)",
+        "rank monitors check every workload_check_interval = 5 s (default): up to T + 5 s, then "
+        "rank_termination_signal = SIGKILL (default)",
+        "no",
+        "yes: RankMonitorClient heartbeats/sections (or the Lightning callback)",
+    )
+    table.add(
+        "torchrun",
+        "not detected",
+        "never: the job runs until the Slurm time limit (ranks waiting in a collective fail at "
+        "its own timeout, 30 min gloo / 10 min NCCL by default; a rank hung outside one never)",
+        "no",
+        "-",
+    )
+    table.notes.append(
+        f"ours with T = {t:g} s here; the same mechanism with T = 600 s adds the same seconds "
+        "after T. Sources: nvidia-resiliency-ext FaultToleranceConfig defaults and usage guide; "
+        "torch.distributed default_pg_timeout / default_pg_nccl_timeout."
+    )
+    return table

@@ -9,16 +9,32 @@ One difference, so that one job serves both measures: the lone rank prints a lin
 while it spins (output is progress for --hang-timeout, so the job is not torn down while
 `agent stacks` is timed against it) until DIR/quiet appears; then it writes DIR/last-<RANK>,
 prints one last line and spins in silence. The stacks are the same in both phases.
+
+Until its first line every rank also prints "starting" once a second from a thread (gone before
+the hang): --hang-timeout counts start-up too, and 16 ranks importing torch on 2 cores take
+longer than the benchmark's T = 5 s without a line.
 """
 
 import os
 import sys
+import threading
 import time
 from datetime import timedelta
 from pathlib import Path
 
-import torch
-import torch.distributed as dist
+STARTED = threading.Event()
+
+
+def _starting() -> None:
+    while not STARTED.wait(1.0):
+        print("starting", flush=True)
+
+
+STARTER = threading.Thread(target=_starting, name="starting", daemon=True)
+STARTER.start()
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
 
 try:  # as gloo_rank.py: no reverse-DNS lookups in the rank, whatever launched it
     from agent.node.dnsfix import disable_reverse_dns
@@ -57,6 +73,8 @@ if __name__ == "__main__":
     dist.init_process_group("gloo", timeout=timedelta(minutes=30))
     rank, world = dist.get_rank(), dist.get_world_size()
     lone = rank == world - 1
+    STARTED.set()
+    STARTER.join()  # its last "starting" is out before the first real line
     if not lone:
         _stamp(where / f"last-{rank}")
     print(f"iter 0 on rank {rank}", flush=True)
