@@ -12,6 +12,7 @@ from bootstrap.spec import (
     ContainerSpec,
     JobSpec,
     NsysSpec,
+    RequeueSpec,
     SlurmSpec,
     StepMode,
     StepSpec,
@@ -19,6 +20,7 @@ from bootstrap.spec import (
 
 Exists = Callable[[str], bool]
 MAX_GPUS_PER_NODE = 8
+MAX_SIGNAL_LEAD = 65535  # Slurm keeps --signal's @SECONDS in 16 bits
 
 _ARRAY_PART = re.compile(r"(\d+)(?:-(\d+)(?::(\d+))?)?")
 _MEM = re.compile(r"\d+[KMGTkmgt]?")
@@ -61,6 +63,28 @@ def check_slurm(slurm: SlurmSpec, mode: StepMode, *, allow_many_gpus: bool = Fal
         )
     if slurm.signal is not None and not _SIGNAL.fullmatch(slurm.signal):
         raise AgentError(f"--signal {slurm.signal!r}: write [B:]SIGNAL[@SECONDS], e.g. USR1@90")
+    if slurm.requeue is not None:
+        check_requeue(slurm.requeue, slurm)
+
+
+def check_requeue(requeue: RequeueSpec, slurm: SlurmSpec) -> None:
+    if slurm.signal is not None:
+        raise AgentError(
+            "--signal with --requeue: --requeue asks for USR2 itself; set its time with --signal-lead"
+        )
+    if requeue.max_requeues < 1:
+        raise AgentError(
+            f"--max-requeues {requeue.max_requeues}: must be 1 or more (or leave out --requeue)"
+        )
+    lead = requeue.signal_lead
+    if not 1 <= lead <= MAX_SIGNAL_LEAD:
+        raise AgentError(f"--signal-lead {lead}: seconds from 1 to {MAX_SIGNAL_LEAD}")
+    limit = time_seconds(slurm.time) if slurm.time is not None else None
+    if limit is not None and lead >= limit:
+        raise AgentError(
+            f"--signal-lead {lead}: the warning would come before the job starts "
+            f"(--time {slurm.time} is {limit}s)"
+        )
 
 
 def check_nodes(nodes: int) -> None:
@@ -101,6 +125,20 @@ def check_time(text: str) -> None:
     for value, limit in zip(values, limits, strict=False):
         if limit is not None and value >= limit:
             raise AgentError(f"--time {text!r}: {value} is out of range ({_TIME_HINT})")
+
+
+def time_seconds(text: str) -> int | None:
+    """A checked --time in seconds; None when unlimited."""
+    if text.upper() in ("UNLIMITED", "INFINITE"):
+        return None
+    days, dash, clock = text.rpartition("-")
+    values = [int(part) for part in clock.split(":")]
+    if dash:  # D-HH[:MM[:SS]]
+        hours, minutes, seconds = (values + [0, 0])[:3]
+        return ((int(days) * 24 + hours) * 60 + minutes) * 60 + seconds
+    if len(values) == 3:  # HH:MM:SS
+        return (values[0] * 60 + values[1]) * 60 + values[2]
+    return values[0] * 60 + (values[1] if len(values) > 1 else 0)  # MM[:SS]
 
 
 def check_array(text: str) -> None:

@@ -16,6 +16,7 @@ from bootstrap.spec import (
     ContainerSpec,
     JobSpec,
     NsysSpec,
+    RequeueSpec,
     SlurmSpec,
     StepMode,
     StepSpec,
@@ -34,6 +35,7 @@ examples:
   python -m bootstrap -N 2 --gpus-per-node 8 -t 01:00:00 -p batch train.py data.yml model.yml
   python -m bootstrap --container-image ./pytorch.sqsh --container-mounts /data:/data train.py m.yml
   python -m bootstrap --nsys --nsys-ranks 0,8 train.py data.yml model.yml --submit
+  python -m bootstrap -t 04:00:00 --requeue --max-requeues 5 train.py data.yml model.yml
   python -m bootstrap --search-config search.yml --set optimizer.lr=[0.1,0.01] train.py d.yml m.yml"""
 
 
@@ -96,6 +98,25 @@ def _slurm_options(group) -> None:
         help="signal before the time limit, e.g. USR1@90 (the agents forward it to every rank)",
     )
     add("--array", help="job array, e.g. 0-3 or 0-15%%4")
+    add(
+        "--requeue",
+        action="store_true",
+        help="before the time limit, USR2 to every rank (checkpoint, exit 0), then the job "
+        "requeues itself and resumes (see README: Preemption and time limits)",
+    )
+    add(
+        "--max-requeues",
+        type=int,
+        metavar="N",
+        help=f"with --requeue: requeue at most N times (default: {RequeueSpec.max_requeues})",
+    )
+    add(
+        "--signal-lead",
+        type=int,
+        metavar="SECONDS",
+        help="with --requeue: the warning comes this long before the time limit "
+        f"(default: {RequeueSpec.signal_lead})",
+    )
     add(
         "--sbatch",
         action="append",
@@ -276,6 +297,20 @@ def _slurm(ns: argparse.Namespace) -> SlurmSpec:
         signal=ns.signal,
         array=ns.array,
         extra=tuple(ns.sbatch),
+        requeue=_requeue(ns),
+    )
+
+
+def _requeue(ns: argparse.Namespace) -> RequeueSpec | None:
+    if not ns.requeue:
+        for flag, value in (("--max-requeues", ns.max_requeues), ("--signal-lead", ns.signal_lead)):
+            if value is not None:
+                raise AgentError(f"{flag} needs --requeue")
+        return None
+    defaults = RequeueSpec()
+    return RequeueSpec(
+        max_requeues=defaults.max_requeues if ns.max_requeues is None else ns.max_requeues,
+        signal_lead=defaults.signal_lead if ns.signal_lead is None else ns.signal_lead,
     )
 
 

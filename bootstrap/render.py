@@ -6,7 +6,7 @@ import re
 import shlex
 from collections.abc import Sequence
 
-from bootstrap.spec import ContainerKind, JobSpec, NsysSpec, SlurmSpec, StepMode
+from bootstrap.spec import ContainerKind, JobSpec, NsysSpec, RequeueSpec, SlurmSpec, StepMode
 
 _WIDTH = 100
 _BARE = re.compile(r"[A-Za-z0-9_./:=,@%+^-]+")
@@ -66,6 +66,9 @@ def _intro(job: JobSpec) -> str:
 def sbatch_options(slurm: SlurmSpec, mode: StepMode) -> list[str]:
     tasks = slurm.gpus_per_node if mode is StepMode.SRUN_ONLY else 1
     default_output = "%x-%A_%a.out" if slurm.array else "%x-%j.out"
+    requeue = slurm.requeue
+    # --requeue: the warning goes to the batch shell only (B:), which passes it on to the step
+    signal = f"B:USR2@{requeue.signal_lead}" if requeue else slurm.signal
     pairs: list[tuple[str, object]] = [
         ("job-name", slurm.job_name),
         ("nodes", slurm.nodes),
@@ -78,10 +81,13 @@ def sbatch_options(slurm: SlurmSpec, mode: StepMode) -> list[str]:
         ("partition", slurm.partition),
         ("output", slurm.output or default_output),
         ("error", slurm.error),
-        ("signal", slurm.signal),
+        ("signal", signal),
         ("array", slurm.array),
+        ("open-mode", "append" if requeue else None),  # every run of a requeued job, one log
     ]
     options = [word(f"--{name}={value}") for name, value in pairs if value is not None]
+    if requeue:
+        options.append("--requeue")
     return options + list(slurm.extra)
 
 
@@ -155,12 +161,57 @@ def _step(job: JobSpec) -> str:
     if job.step.script_args:
         command.append(words(["--", *job.step.script_args]))
     body = " \\\n  ".join(command)
+    if job.slurm.requeue:
+        return _requeue_step(job, body, job.slurm.requeue)
     return "\n".join(
         [
             *_step_comment(job),
             "status=0",
             f"{body} || status=$?",
             'echo "finished:    $(date -Is), exit status ${status}"',
+            'exit "${status}"',
+        ]
+    )
+
+
+def _requeue_step(job: JobSpec, body: str, requeue: RequeueSpec) -> str:
+    """The step in the background, so that the shell's USR2 trap runs while it waits (bash runs
+    a trap only between commands); after a warning, the job requeues itself."""
+    lead = requeue.signal_lead
+    return "\n".join(
+        [
+            f"# Preemption and time limits: Slurm sends USR2 to this shell {lead}s before the end",
+            "# (--signal=B:USR2@...). The trap passes it to srun, srun to the agents, the agents to",
+            "# every rank: the ranks checkpoint and exit 0. Then the job requeues itself (at most",
+            "# MAX_REQUEUES times; every rank sees SLURM_RESTART_COUNT) and resumes. USR2, not USR1:",
+            "# NCCL uses USR1.",
+            f"MAX_REQUEUES={requeue.max_requeues}",
+            "warnings=0",
+            "step_pid=",
+            "on_warning() {",
+            "  warnings=$((warnings + 1))",
+            '  echo "warning:     USR2 at $(date -Is): passing it on to every rank"',
+            '  if [[ -n "${step_pid}" ]]; then kill -USR2 "${step_pid}" 2>/dev/null || true; fi',
+            "}",
+            "trap on_warning USR2",
+            "",
+            *_step_comment(job),
+            f"{body} &",
+            "step_pid=$!",
+            "while :; do  # a trapped signal ends `wait` early: wait again until the step ends",
+            "  seen=${warnings}",
+            "  status=0",
+            '  wait "${step_pid}" || status=$?',
+            '  [[ "${warnings}" == "${seen}" ]] && break',
+            "done",
+            'echo "finished:    $(date -Is), exit status ${status}"',
+            "restarts=${SLURM_RESTART_COUNT:-0}",
+            "if (( warnings > 0 && restarts < MAX_REQUEUES )); then",
+            '  echo "requeue:     restart $((restarts + 1)) of at most ${MAX_REQUEUES}"',
+            '  scontrol requeue "${SLURM_JOB_ID}" || echo "requeue:     scontrol requeue failed"',
+            "elif (( warnings > 0 )); then",
+            '  echo "requeue:     not again, ${restarts} restarts already (--max-requeues)"',
+            "fi",
             'exit "${status}"',
         ]
     )

@@ -18,6 +18,16 @@ class StepMode(str, enum.Enum):
 
 
 @dataclass(frozen=True)
+class RequeueSpec:
+    """Preemption and time limits: Slurm warns the batch shell with USR2 `signal_lead` seconds
+    before the end; the shell passes it to srun (→ agents → every rank), the ranks checkpoint and
+    exit, and the job requeues itself while SLURM_RESTART_COUNT < max_requeues."""
+
+    max_requeues: int = 3
+    signal_lead: int = 90  # seconds; Slurm may send it up to a minute earlier
+
+
+@dataclass(frozen=True)
 class SlurmSpec:
     """The #SBATCH header. None means: leave it to the cluster's default."""
 
@@ -34,6 +44,7 @@ class SlurmSpec:
     signal: str | None = None  # e.g. USR1@90: the agents forward it to every rank
     array: str | None = None  # e.g. 0-3%2
     extra: tuple[str, ...] = ()  # more sbatch options, one per #SBATCH line: "--exclusive"
+    requeue: RequeueSpec | None = None  # None: the job ends at its time limit
 
 
 @dataclass(frozen=True)

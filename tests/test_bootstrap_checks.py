@@ -17,6 +17,7 @@ from bootstrap.spec import (
     ContainerSpec,
     JobSpec,
     NsysSpec,
+    RequeueSpec,
     SlurmSpec,
     StepMode,
     StepSpec,
@@ -247,3 +248,49 @@ def test_cli_bad_option_is_one_line_exit_2(tmp_path):
         done.stderr
         == "bootstrap: argument -N/--nodes: invalid int value: 'two' (see python -m bootstrap --help)\n"
     )
+
+
+def test_requeue_values():
+    check(with_slurm(requeue=RequeueSpec(), time="02:00:00"))
+    check(with_slurm(requeue=RequeueSpec(max_requeues=1, signal_lead=65535)))
+    fails(r"^--max-requeues 0: must be 1 or more", with_slurm(requeue=RequeueSpec(max_requeues=0)))
+    fails(
+        r"^--signal-lead 0: seconds from 1 to 65535", with_slurm(requeue=RequeueSpec(signal_lead=0))
+    )
+    fails(r"^--signal-lead 65536: ", with_slurm(requeue=RequeueSpec(signal_lead=65536)))
+    fails(
+        r"^--signal-lead 600: the warning would come before the job starts \(--time 10 is 600s\)",
+        with_slurm(requeue=RequeueSpec(signal_lead=600), time="10"),
+    )
+    fails(r"^--signal with --requeue", with_slurm(requeue=RequeueSpec(), signal="USR1@90"))
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [
+        ("10", 600),
+        ("10:30", 630),
+        ("01:00:00", 3600),
+        ("2-00", 172800),
+        ("1-02:03", 93780),
+        ("1-02:03:04", 93784),
+        ("UNLIMITED", None),
+    ],
+)
+def test_time_seconds(text, seconds):
+    checks.check_time(text)
+    assert checks.time_seconds(text) == seconds
+
+
+def test_cli_bad_requeue_options_are_one_line_exit_2(tmp_path):
+    (tmp_path / "train.py").write_text("")
+    for argv, why in [
+        (["--max-requeues", "2"], "bootstrap: --max-requeues needs --requeue\n"),
+        (["--signal-lead", "60"], "bootstrap: --signal-lead needs --requeue\n"),
+        (["--requeue", "--max-requeues", "-1"], "bootstrap: --max-requeues -1: must be 1 or more"),
+        (["--requeue", "--signal-lead", "0"], "bootstrap: --signal-lead 0: seconds from 1 to"),
+    ]:
+        done = run_cli(tmp_path, *argv, "train.py")
+        assert (done.returncode, done.stderr.count("\n")) == (2, 1), done.stderr
+        assert done.stderr.startswith(why), done.stderr
+    assert list(tmp_path.iterdir()) == [tmp_path / "train.py"]  # nothing written

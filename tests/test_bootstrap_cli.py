@@ -14,7 +14,7 @@ import pytest
 from bootstrap import cli
 from bootstrap.__main__ import main
 from bootstrap.render import render
-from bootstrap.spec import ContainerKind, StepMode
+from bootstrap.spec import ContainerKind, RequeueSpec, StepMode
 
 REPO = Path(__file__).resolve().parent.parent
 GOLDEN = Path(__file__).resolve().parent / "golden"
@@ -235,3 +235,12 @@ def test_unwritable_output_is_one_line(workdir):
     )  # a file where a directory must be
     assert code == 2
     assert err.startswith("bootstrap: cannot write train.py/x.sbatch: ") and err.count("\n") == 1
+
+
+def test_requeue_options_build_the_spec():
+    assert cli.parse(["train.py"]).job.slurm.requeue is None
+    assert cli.parse(["--requeue", "train.py"]).job.slurm.requeue == RequeueSpec(3, 90)
+    request = cli.parse(["--requeue", "--max-requeues", "5", "--signal-lead", "300", "train.py"])
+    assert request.job.slurm.requeue == RequeueSpec(max_requeues=5, signal_lead=300)
+    assert "#SBATCH --signal=B:USR2@300\n" in render(request.job)
+    assert "MAX_REQUEUES=5\n" in render(request.job)

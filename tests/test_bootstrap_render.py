@@ -6,6 +6,7 @@ import difflib
 import os
 import shutil
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ from bootstrap.spec import (
     ContainerSpec,
     JobSpec,
     NsysSpec,
+    RequeueSpec,
     SlurmSpec,
     StepMode,
     StepSpec,
@@ -200,3 +202,44 @@ def test_nsys_prefix_quotes_arguments_with_spaces_for_the_agents_shlex():
         "nsys profile --trace=cuda,nvtx -o nsys-reports/${SLURM_JOB_ID}/nsys-rank{rank} "
         "--force-overwrite true --env-var 'A=b c'"
     )
+
+
+_REQUEUE_LINES = (
+    "#SBATCH --signal=B:USR2@120\n",
+    "#SBATCH --open-mode=append\n",
+    "#SBATCH --requeue\n",
+    "MAX_REQUEUES=2\n",
+    "trap on_warning USR2\n",
+    'kill -USR2 "${step_pid}"',
+    "train.py configs/data.yml configs/model.yml \\\n  -- --seed 1 &\nstep_pid=$!\n",
+    "restarts=${SLURM_RESTART_COUNT:-0}\n",
+    'scontrol requeue "${SLURM_JOB_ID}"',
+)
+
+
+def _requeue_job() -> JobSpec:
+    requeue = RequeueSpec(max_requeues=2, signal_lead=120)
+    return JobSpec(slurm=replace(_SLURM, requeue=requeue), step=_STEP)
+
+
+def test_requeue_lines_present_with_requeue():
+    text = render(_requeue_job())
+    for line in _REQUEUE_LINES:
+        assert line in text, line
+    assert text.count("#SBATCH --signal=") == 1
+    assert text.index("trap on_warning USR2") < text.index("\nsrun ")  # the trap, then the step
+
+
+@pytest.mark.parametrize("name", sorted(GOLDEN))
+def test_requeue_lines_absent_without_requeue(name):
+    text = render(GOLDEN[name])
+    for line in (*_REQUEUE_LINES, "USR2", "open-mode", "--requeue"):
+        assert line not in text, line
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="no bash")
+def test_requeue_script_is_valid_bash(tmp_path):
+    path = tmp_path / "requeue.sbatch"
+    path.write_text(render(_requeue_job()))
+    done = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr

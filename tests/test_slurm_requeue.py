@@ -1,0 +1,157 @@
+"""`python -m bootstrap --requeue` end to end on the real local Slurm (2 nodes, CPU only).
+
+`scancel --batch --signal=USR2` stands in for the time-limit warning (`--signal=B:USR2@LEAD`
+sends the same signal to the same process: the batch shell). The shell passes it to srun, srun
+to the agents, the agents to every rank; the ranks checkpoint and exit 0; the script requeues
+the job; the second run (SLURM_RESTART_COUNT=1) resumes from the checkpoint.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from datetime import datetime
+
+import pytest
+from cluster import REPO, job_processes, wait_for
+
+RANK = str(REPO / "tests" / "fixtures" / "requeue_rank.py")
+
+
+@pytest.fixture(scope="module")
+def slurm():
+    script = REPO / "scripts" / "slurm" / "start-cluster.sh"
+    if (
+        not (shutil.which("slurmctld") or shutil.which("apt-get"))
+        and os.environ.get("CI") != "true"
+    ):
+        pytest.skip("no Slurm here and no apt-get to install it")
+    proc = subprocess.run(["bash", str(script), "2"], capture_output=True, text=True, timeout=600)
+    if proc.returncode != 0:
+        pytest.fail(f"local Slurm did not start:\n{proc.stdout}\n{proc.stderr}")
+    return True
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env["PATH"]
+    return env
+
+
+def _job(job: str) -> dict[str, str]:
+    out = subprocess.run(
+        ["scontrol", "show", "job", job], capture_output=True, text=True, timeout=30
+    ).stdout
+    return dict(re.findall(r"(\w+)=(\S+)", out))
+
+
+def _processes_of(tmp_path) -> list[int]:
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if str(tmp_path).encode() in f.read() and int(pid) != os.getpid():
+                    found.append(int(pid))
+        except OSError:
+            continue
+    return found
+
+
+def test_requeue_checkpoints_on_usr2_and_resumes(slurm, tmp_path):
+    work = tmp_path / "work"
+    work.mkdir()
+    script = tmp_path / "job.sbatch"
+    gen = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bootstrap",
+            "-J",
+            "la-requeue",
+            "-N",
+            "2",
+            "--gpus-per-node",
+            "0",
+            "--requeue",
+            "--max-requeues",
+            "1",
+            "--sbatch-output",
+            str(tmp_path / "job-%j.out"),
+            # one log dir per run: the job id stays the same across a requeue
+            f"--agent-opts=--nproc-per-node 1 --log-dir {tmp_path}/logs-${{SLURM_RESTART_COUNT:-0}}",
+            "-o",
+            str(script),
+            RANK,
+            "--",
+            str(work),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=_env(),
+        timeout=60,
+    )
+    assert gen.returncode == 0, gen.stderr
+    sub = subprocess.run(
+        ["sbatch", "--parsable", str(script)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=_env(),
+        timeout=60,
+    )
+    assert sub.returncode == 0, sub.stderr
+    job = sub.stdout.strip().split(";")[0]
+    log = tmp_path / f"job-{job}.out"
+    try:
+        ready = [work / f"ready-{rank}" for rank in range(2)]
+        wait_for(lambda: all(p.exists() for p in ready), 60, "both ranks to run", interval=0.2)
+        # the time-limit warning: USR2 to the batch shell only (not to srun, not to the ranks)
+        subprocess.run(["scancel", "--batch", "--signal=USR2", job], check=True, timeout=30)
+        checkpoints = [work / f"checkpoint-{rank}" for rank in range(2)]
+        wait_for(lambda: all(p.exists() for p in checkpoints), 30, "checkpoints", interval=0.2)
+        wait_for(
+            lambda: _job(job).get("Restarts") == "1" and _job(job).get("JobState") == "PENDING",
+            60,
+            "the job to be requeued",
+            interval=0.2,
+        )
+        # Slurm holds a requeued job back until the old run's credential has expired
+        # (EligibleTime = requeue + ~121 s; starting it sooner fails it: "credential revoked").
+        # Wait that out, then have the scheduler look at it at once instead of on its next pass.
+        eligible = datetime.fromisoformat(_job(job)["EligibleTime"])
+        wait_for(lambda: datetime.now() > eligible, 150, f"EligibleTime {eligible}", interval=0.5)
+        subprocess.run(
+            ["scontrol", "update", f"JobId={job}", "StartTime=now"], check=True, timeout=30
+        )
+        state = wait_for(
+            lambda: (
+                (s := _job(job)).get("JobState") not in ("PENDING", "RUNNING", "COMPLETING") and s
+            ),
+            90,
+            "the second run to finish",
+            interval=0.2,
+        )
+        output = log.read_text()
+        assert state["JobState"] == "COMPLETED" and state["ExitCode"] == "0:0", output
+        assert state["Restarts"] == "1", state
+        for rank in range(2):
+            assert (
+                (work / f"resumed-{rank}")
+                .read_text()
+                .startswith("resumed from checkpoint, restart 1")
+            ), output
+        assert output.count("started:") == 2, output  # --open-mode=append: both runs, one log
+        assert "warning:     USR2" in output and "requeue:     restart 1 of at most 1" in output
+        assert "n1:0: resumed from checkpoint, restart 1" in output, output
+        wait_for(
+            lambda: not job_processes(f"{job}.0") and not _processes_of(tmp_path),
+            30,
+            "no process of the job left",
+        )
+    finally:
+        subprocess.run(["scancel", job], timeout=30, check=False)
