@@ -27,6 +27,8 @@ def test_readme_example_command_runs_every_rank(tmp_path):
     for rank in range(nproc):
         assert re.search(rf"^\S+:{rank}: check_args: OK ", proc.stdout, re.M), proc.stdout
     assert "job succeeded" in proc.stderr
+    said = proc.stdout + proc.stderr  # the README promises an example without warnings
+    assert not re.search(r"warning", said, re.I), said
 
 
 def test_ci_runs_the_readme_test_command():

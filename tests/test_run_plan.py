@@ -11,7 +11,7 @@ import pytest
 from cluster import REPO, base_env
 
 from agent.errors import AgentError
-from agent.plan.ranks import flight_recorder
+from agent.plan.ranks import buffer_variable, flight_recorder
 from agent.plan.run_plan import Request, RunPlan, decide, node_layout, rank_specs
 from agent.plan.topology import read_topology
 from agent.world import world_from_env
@@ -130,7 +130,6 @@ def test_max_config_bytes_bounds_every_config_read(tmp_path):
             {},
             {
                 "TORCH_FR_BUFFER_SIZE": "2000",
-                "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",
                 "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
                 "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": "/logs/nccl-trace.a2.rank-",
             },
@@ -148,3 +147,12 @@ def test_max_config_bytes_bounds_every_config_read(tmp_path):
 def test_nccl_flight_recorder_defaults_never_override_the_user(inherited, expected):
     """A collective timeout leaves a dump in the log dir (per attempt); the user's settings win."""
     assert flight_recorder("/logs", 2, inherited) == expected
+
+
+def test_older_torch_gets_the_old_buffer_name_only():
+    env = flight_recorder("/logs", 0, {}, "TORCH_NCCL_TRACE_BUFFER_SIZE")
+    assert env["TORCH_NCCL_TRACE_BUFFER_SIZE"] == "2000" and "TORCH_FR_BUFFER_SIZE" not in env
+
+
+def test_this_torch_reads_the_new_name():
+    assert buffer_variable() == "TORCH_FR_BUFFER_SIZE"  # torch >= 2.7 is installed here

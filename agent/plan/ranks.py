@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import shlex
 import sys
@@ -124,7 +125,7 @@ def rank_env(
     for key, value in defaults.items():
         if key not in inherited:
             env[key] = value
-    env.update(flight_recorder(launch.log_dir, launch.attempt, inherited))
+    env.update(flight_recorder(launch.log_dir, launch.attempt, inherited, buffer_variable()))
     env.update(launch.extra_env)
     return env
 
@@ -132,13 +133,19 @@ def rank_env(
 FR_DUMP_PREFIX = "nccl-trace"  # torch appends the rank: nccl-trace.a0.rank-3
 
 
-def flight_recorder(log_dir: str, attempt: int, inherited: Mapping[str, str]) -> dict[str, str]:
+FR_BUFFER = "TORCH_FR_BUFFER_SIZE"
+OLD_FR_BUFFER = "TORCH_NCCL_TRACE_BUFFER_SIZE"
+
+
+def flight_recorder(
+    log_dir: str, attempt: int, inherited: Mapping[str, str], buffer_var: str = FR_BUFFER
+) -> dict[str, str]:
     """NCCL's flight recorder on, so a collective that times out leaves its last collectives in
     the log dir (torch writes TORCH_NCCL_DEBUG_INFO_TEMP_FILE + rank); whatever the user set
-    wins. Costs nothing without NCCL."""
+    wins. Costs nothing without NCCL. `buffer_var`: the name this torch reads (`buffer_variable`)."""
     env: dict[str, str] = {}
-    if not {"TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"} & set(inherited):
-        env["TORCH_FR_BUFFER_SIZE"] = env["TORCH_NCCL_TRACE_BUFFER_SIZE"] = "2000"
+    if not {FR_BUFFER, OLD_FR_BUFFER} & set(inherited):
+        env[buffer_var] = "2000"
     if "TORCH_NCCL_DUMP_ON_TIMEOUT" not in inherited:
         env["TORCH_NCCL_DUMP_ON_TIMEOUT"] = "1"
     if "TORCH_NCCL_DEBUG_INFO_TEMP_FILE" not in inherited:
@@ -146,6 +153,21 @@ def flight_recorder(log_dir: str, attempt: int, inherited: Mapping[str, str]) ->
             log_dir, f"{FR_DUMP_PREFIX}.a{attempt}.rank-"
         )
     return env
+
+
+@functools.cache
+def buffer_variable() -> str:
+    """torch 2.7 renamed the buffer size to TORCH_FR_BUFFER_SIZE and warns in every rank about
+    the old name; older torch reads only the old one. Read from the installed metadata (no
+    import of torch)."""
+    import importlib.metadata
+
+    try:
+        version = importlib.metadata.version("torch")
+        major, minor = (int(part) for part in version.split(".")[:2])
+    except (importlib.metadata.PackageNotFoundError, ValueError):
+        return FR_BUFFER
+    return FR_BUFFER if (major, minor) >= (2, 7) else OLD_FR_BUFFER
 
 
 def rank_argv(launch: Launch, rank: int, local_rank: int, node_rank: int) -> tuple[str, ...]:

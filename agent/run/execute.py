@@ -152,7 +152,10 @@ class Attempts:
             )
             if warm is not None:
                 forked = sum(w.warm for w in started)
-                log.info("attempt %d: %d of %d ranks forked warm", attempt, forked, len(started))
+                if forked or warm.resident:
+                    log.info(
+                        "attempt %d: %d of %d ranks forked warm", attempt, forked, len(started)
+                    )
                 if warm.resident or attempt < plan.options.max_restarts:
                     warm.ensure(self.environ)  # for the next attempt or run, once ours started
             console.started(started)
