@@ -11,6 +11,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from cluster import Cluster  # noqa: E402
+from slurm_local import slurm  # noqa: E402, F401  (the real local Slurm, for the Slurm tests)
 
 
 @pytest.fixture

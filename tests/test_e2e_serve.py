@@ -214,3 +214,23 @@ def _environ(proc):
         return proc.environ()
     except psutil.Error:
         return {}
+
+
+def test_sigterm_to_node_zero_between_runs_stops_every_agent(two):
+    two.start().ready()
+    os.kill(two.agents[0].proc.pid, signal.SIGTERM)
+    codes = two.wait(15)
+    assert codes[0] == 128 + signal.SIGTERM, two.dump()
+    assert codes[1] == 0, "node 1 was told to stop, not left waiting"
+    assert "node 0 stopped serving" in two.agents[1].stderr()
+    assert not two.connection_file.exists()
+
+
+def test_sigterm_to_another_agent_between_runs_is_named_by_the_next_run(two):
+    two.start().ready()
+    os.kill(two.agents[1].proc.pid, signal.SIGTERM)
+    assert two.agents[1].proc.wait(15) == 128 + signal.SIGTERM, two.dump()
+    wait_for(lambda: " lost " in two.status().stdout, 30, "node 0 to notice", interval=0.3)
+    result = two.call("run", FIXTURE)
+    assert result.returncode == 3
+    assert "node 1 (127.0.0.2) left: agent received SIGTERM" in result.stderr, result.stderr

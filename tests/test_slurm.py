@@ -6,44 +6,17 @@ The session fixture starts the cluster with scripts/slurm/start-cluster.sh (idem
 
 from __future__ import annotations
 
-import os
-import re
-import shutil
 import subprocess
 import sys
 
-import pytest
 from cluster import CHECK_ARGS, FIXTURE, REPO, job_processes, wait_for
+from slurm_local import job_state, processes_naming, slurm_env
 
 CONFIGS = [str(REPO / "configs" / "data.yml"), str(REPO / "configs" / "model.yml")]
 
 
-@pytest.fixture(scope="session")
-def slurm():
-    script = REPO / "scripts" / "slurm" / "start-cluster.sh"
-    have = shutil.which("slurmctld") or shutil.which("apt-get")
-    if not have and os.environ.get("CI") != "true":
-        pytest.skip("no Slurm here and no apt-get to install it")
-    proc = subprocess.run(["bash", str(script), "2"], capture_output=True, text=True, timeout=600)
-    if proc.returncode != 0:
-        pytest.fail(f"local Slurm did not start:\n{proc.stdout}\n{proc.stderr}")
-    return True
-
-
-def _env(tmp_path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
-    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
-    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env["PATH"]
-    return env
-
-
-def _job_state(job: str) -> dict[str, str]:
-    out = subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True).stdout
-    return dict(re.findall(r"(\w+)=(\S+)", out))
-
-
 def _finished(job: str) -> dict[str, str] | None:
-    state = _job_state(job)
+    state = job_state(job)
     return (
         state
         if state.get("JobState") not in (None, "PENDING", "RUNNING", "CONFIGURING", "COMPLETING")
@@ -78,7 +51,7 @@ def test_generated_sbatch_runs_check_args_on_every_rank(slurm, tmp_path):
         capture_output=True,
         text=True,
         cwd=REPO,
-        env=_env(tmp_path),
+        env=slurm_env(),
         timeout=60,
     )
     assert gen.returncode == 0, gen.stderr
@@ -87,7 +60,7 @@ def test_generated_sbatch_runs_check_args_on_every_rank(slurm, tmp_path):
         capture_output=True,
         text=True,
         cwd=tmp_path,
-        env=_env(tmp_path),
+        env=slurm_env(),
         timeout=60,
     )
     assert sub.returncode == 0, sub.stderr
@@ -125,7 +98,7 @@ def test_srun_from_an_salloc_shell(slurm, tmp_path):
         capture_output=True,
         text=True,
         cwd=tmp_path,
-        env=_env(tmp_path),
+        env=slurm_env(),
         timeout=180,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -148,7 +121,7 @@ def test_scancel_leaves_no_process_behind(slurm, tmp_path):
         capture_output=True,
         text=True,
         cwd=tmp_path,
-        env=_env(tmp_path),
+        env=slurm_env(),
         timeout=60,
     )
     assert sub.returncode == 0, sub.stderr
@@ -159,23 +132,11 @@ def test_scancel_leaves_no_process_behind(slurm, tmp_path):
     subprocess.run(["scancel", job], check=True, timeout=30)
     wait_for(lambda: _finished(job), 60, "the job to end", interval=0.2)
     wait_for(
-        lambda: not job_processes(marker) and not _agents_of(tmp_path),
+        lambda: not job_processes(marker) and not processes_naming(tmp_path),
         30,
         "no process of the job left",
     )
     assert _finished(job)["JobState"] == "CANCELLED"
-
-
-def _agents_of(tmp_path) -> list[int]:
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if str(tmp_path).encode() in f.read() and int(pid) != os.getpid():
-                    found.append(int(pid))
-        except OSError:
-            continue
-    return found
 
 
 def test_resident_agents_in_an_salloc(slurm, tmp_path):
@@ -193,7 +154,7 @@ def test_resident_agents_in_an_salloc(slurm, tmp_path):
         f"{py} -m agent down; echo rc3=$?\n"
         "wait; echo srun=$?; echo job=$SLURM_JOB_ID\n"
     )
-    env = _env(tmp_path)
+    env = slurm_env()
     env.update({"AGENT_STATE_DIR": str(state), "AGENT_SECRET": "salloc-" + tmp_path.name})
     proc = subprocess.run(
         ["salloc", "-N2", "--immediate=60", "bash", str(session)],
@@ -212,7 +173,7 @@ def test_resident_agents_in_an_salloc(slurm, tmp_path):
     job = out.split("job=", 1)[1].split()[0]
     assert not (state / f"serve-{job}.json").exists()
     wait_for(
-        lambda: not job_processes(f"{job}.0") and not _agents_of(tmp_path),
+        lambda: not job_processes(f"{job}.0") and not processes_naming(tmp_path),
         30,
         "no process of the job left",
     )

@@ -8,57 +8,14 @@ the job; the second run (SLURM_RESTART_COUNT=1) resumes from the checkpoint.
 
 from __future__ import annotations
 
-import os
-import re
-import shutil
 import subprocess
 import sys
 from datetime import datetime
 
-import pytest
 from cluster import REPO, job_processes, wait_for
+from slurm_local import job_state, processes_naming, slurm_env
 
 RANK = str(REPO / "tests" / "fixtures" / "requeue_rank.py")
-
-
-@pytest.fixture(scope="module")
-def slurm():
-    script = REPO / "scripts" / "slurm" / "start-cluster.sh"
-    if (
-        not (shutil.which("slurmctld") or shutil.which("apt-get"))
-        and os.environ.get("CI") != "true"
-    ):
-        pytest.skip("no Slurm here and no apt-get to install it")
-    proc = subprocess.run(["bash", str(script), "2"], capture_output=True, text=True, timeout=600)
-    if proc.returncode != 0:
-        pytest.fail(f"local Slurm did not start:\n{proc.stdout}\n{proc.stderr}")
-    return True
-
-
-def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
-    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
-    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env["PATH"]
-    return env
-
-
-def _job(job: str) -> dict[str, str]:
-    out = subprocess.run(
-        ["scontrol", "show", "job", job], capture_output=True, text=True, timeout=30
-    ).stdout
-    return dict(re.findall(r"(\w+)=(\S+)", out))
-
-
-def _processes_of(tmp_path) -> list[int]:
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if str(tmp_path).encode() in f.read() and int(pid) != os.getpid():
-                    found.append(int(pid))
-        except OSError:
-            continue
-    return found
 
 
 def test_requeue_checkpoints_on_usr2_and_resumes(slurm, tmp_path):
@@ -92,7 +49,7 @@ def test_requeue_checkpoints_on_usr2_and_resumes(slurm, tmp_path):
         capture_output=True,
         text=True,
         cwd=REPO,
-        env=_env(),
+        env=slurm_env(),
         timeout=60,
     )
     assert gen.returncode == 0, gen.stderr
@@ -101,7 +58,7 @@ def test_requeue_checkpoints_on_usr2_and_resumes(slurm, tmp_path):
         capture_output=True,
         text=True,
         cwd=tmp_path,
-        env=_env(),
+        env=slurm_env(),
         timeout=60,
     )
     assert sub.returncode == 0, sub.stderr
@@ -115,7 +72,10 @@ def test_requeue_checkpoints_on_usr2_and_resumes(slurm, tmp_path):
         checkpoints = [work / f"checkpoint-{rank}" for rank in range(2)]
         wait_for(lambda: all(p.exists() for p in checkpoints), 30, "checkpoints", interval=0.2)
         wait_for(
-            lambda: _job(job).get("Restarts") == "1" and _job(job).get("JobState") == "PENDING",
+            lambda: (
+                job_state(job).get("Restarts") == "1"
+                and job_state(job).get("JobState") == "PENDING"
+            ),
             60,
             "the job to be requeued",
             interval=0.2,
@@ -123,14 +83,15 @@ def test_requeue_checkpoints_on_usr2_and_resumes(slurm, tmp_path):
         # Slurm holds a requeued job back until the old run's credential has expired
         # (EligibleTime = requeue + ~121 s; starting it sooner fails it: "credential revoked").
         # Wait that out, then have the scheduler look at it at once instead of on its next pass.
-        eligible = datetime.fromisoformat(_job(job)["EligibleTime"])
+        eligible = datetime.fromisoformat(job_state(job)["EligibleTime"])
         wait_for(lambda: datetime.now() > eligible, 150, f"EligibleTime {eligible}", interval=0.5)
         subprocess.run(
             ["scontrol", "update", f"JobId={job}", "StartTime=now"], check=True, timeout=30
         )
         state = wait_for(
             lambda: (
-                (s := _job(job)).get("JobState") not in ("PENDING", "RUNNING", "COMPLETING") and s
+                (s := job_state(job)).get("JobState") not in ("PENDING", "RUNNING", "COMPLETING")
+                and s
             ),
             90,
             "the second run to finish",
@@ -149,7 +110,7 @@ def test_requeue_checkpoints_on_usr2_and_resumes(slurm, tmp_path):
         assert "warning:     USR2" in output and "requeue:     restart 1 of at most 1" in output
         assert "n1:0: resumed from checkpoint, restart 1" in output, output
         wait_for(
-            lambda: not job_processes(f"{job}.0") and not _processes_of(tmp_path),
+            lambda: not job_processes(f"{job}.0") and not processes_naming(tmp_path),
             30,
             "no process of the job left",
         )

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import logging
 import os
 import signal
-import socket
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -13,46 +11,29 @@ from typing import Any
 
 from agent.errors import AgentError, PeerFailed
 from agent.launch.cli import Command
-from agent.node.agent import NodeAgent, NodeSettings, lost_store_error
+from agent.launch.node_start import node_agent, node_world, topology_at
+from agent.node.agent import lost_store_error
 from agent.node.signals import Interrupted
-from agent.node.signing import SECRET_ENV, load_secret
-from agent.plan.options import resolve
 from agent.plan.run_plan import Request, decide
-from agent.plan.topology import read_topology
 from agent.run import outputs
 from agent.run.summary import build_summary, job_record, node_failure
 from agent.run.warm_source import WarmSource, preload_modules
-from agent.run.workers import become_subreaper
 from agent.serve.connection import remove
 from agent.serve.control import open_control
-from agent.world import WorldFlags, world_from_env
 
 
 def launch(command: Command, environ: Mapping[str, str]) -> int:
-    environ = dict(environ)  # the ranks' base env: a snapshot, untouched by what follows
-    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # the agent's own c10d chatter only
     given = {k: v for k, v in command.options.items() if v is not None}
-    world = world_from_env(environ, world_flags(given), hostname=socket.gethostname())
-    for handler in logging.getLogger().handlers:  # name the node, not the pid, in every message
-        handler.setFormatter(logging.Formatter(f"[agent {world.host}] %(message)s"))
-    options = resolve(given, {}, "the command line")  # every flag checked before anything
+    world, options, environ = node_world(given, environ)
     request = Request(
         command.script, command.configs, command.script_args, command.overrides, given
     )
-
-    def topology(root: str):
-        return read_topology(Path(root))
-
+    topology = topology_at
     if command.dry_run:
         from agent.launch.dryrun import print_plan
 
         return print_plan(decide(request, world, topology), world, environ, topology)
-    settings = NodeSettings(options.rdzv_timeout, options.heartbeat_timeout, options.master_port)
-    secret = load_secret(environ, Path.home())
-    environ.pop(SECRET_ENV, None)  # the ranks never see the job's secret
-    agent = NodeAgent(world=world, settings=settings, secret=secret, environ=environ)
-    agent.signals.install()
-    become_subreaper()
+    agent = node_agent(world, options, environ)
     plan = None
     control: tuple[Any, str | None] = (None, None)
     warm = WarmSource(() if options.cold else preload_modules(options.preload), resident=False)
@@ -107,14 +88,3 @@ def _close_control(endpoint: Any, path: str | None) -> None:
 
 def _failure(kind: str, world: Any, why: str) -> dict[str, Any]:
     return node_failure(kind, world.node_rank, world.host, why, time.time())
-
-
-def world_flags(given: Mapping[str, Any]) -> WorldFlags:
-    return WorldFlags(
-        source=given.get("world", "auto"),
-        nnodes=given.get("nnodes"),
-        node_rank=given.get("node_rank"),
-        master_addr=given.get("master_addr"),
-        master_port=given.get("master_port"),
-        job_id=given.get("job_id"),
-    )

@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import socket
 import threading
 import time
 from collections.abc import Mapping
@@ -19,43 +18,25 @@ from pathlib import Path
 from typing import Any
 
 from agent.errors import AgentError
-from agent.launch.oneshot import world_flags
-from agent.node.agent import NodeAgent, NodeSettings, lost_store_error
+from agent.launch.node_start import node_agent, node_world, topology_at
+from agent.node.agent import NodeAgent, lost_store_error
 from agent.node.signals import Interrupted
-from agent.node.signing import SECRET_ENV, load_secret
-from agent.plan.options import resolve
-from agent.plan.topology import read_topology
 from agent.run.warm_source import WarmSource, preload_modules
-from agent.run.workers import become_subreaper
 from agent.serve import connection
 from agent.serve.cli import ServeCommand
 from agent.serve.endpoint import Endpoint
 from agent.serve.follower import follow
 from agent.serve.leader import Leader
 from agent.serve.runner import RunRunner
-from agent.world import world_from_env
 
 log = logging.getLogger("agent")
 
 
 def serve(command: ServeCommand, environ: Mapping[str, str]) -> int:
-    environ = dict(environ)
-    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
-    given = command.options
-    world = world_from_env(environ, world_flags(given), hostname=socket.gethostname())
-    for handler in logging.getLogger().handlers:
-        handler.setFormatter(logging.Formatter(f"[agent {world.host}] %(message)s"))
-    options = resolve(given, {}, "the command line")
-    settings = NodeSettings(options.rdzv_timeout, options.heartbeat_timeout, options.master_port)
-    secret = load_secret(environ, Path.home())
-    environ.pop(SECRET_ENV, None)  # the ranks never see the job's secret
-    agent = NodeAgent(world=world, settings=settings, secret=secret, environ=environ)
-    agent.signals.install()
-    become_subreaper()
+    world, options, environ = node_world(command.options, environ)
+    agent = node_agent(world, options, environ)
     warm = WarmSource(() if options.cold else preload_modules(options.preload), resident=True)
-
-    def topology(root: str) -> Any:
-        return read_topology(Path(root))
+    topology = topology_at
 
     leader = None
     if agent.leader:
