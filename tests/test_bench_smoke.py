@@ -95,3 +95,30 @@ def test_spew_writes_exactly_the_expected_stream(tmp_path, mode, count, size, ro
     for r in range(rounds):
         assert (tmp_path / f"t0-3-{r}").exists() and (tmp_path / f"t1-3-{r}").exists()
     assert spew.expected(mode, count, size, 2) != spew.expected(mode, count, size, 3)
+
+
+def test_node_loss_summary_reports_each_cell_and_the_heartbeat_bar() -> None:
+    from bench import node_loss
+
+    def job(nodes: int, cold: bool, first: float, ok: bool = True) -> dict:
+        return {"nodes": nodes, "cold": cold, "ok": ok, "first_line": first,
+                "all_reduce": first + 1.0, "preloaded": 0 if cold else nodes * 2,
+                "spare_ran": True}  # fmt: skip
+
+    data = {
+        "heartbeat": 2.0,
+        "nproc": 2,
+        "jobs": [
+            job(4, False, 3.0),
+            job(4, False, 5.0),
+            job(4, True, 2.0),
+            job(8, False, 9.0, False),
+        ],
+    }
+    table, targets, summary = node_loss.summarize(data)
+    rows = {(r[0], r[1]): r for r in table.rows}
+    assert rows[("4 × 2", "warm")][2:5] == ["2/2", "4.00 s (3.00–5.00)", "5.00 s (4.00–6.00)"]
+    assert rows[("4 × 2", "warm")][5] == "16/16" and rows[("4 × 2", "cold")][5] == "0/8"
+    assert rows[("8 × 2", "warm")][3] == "failed"
+    assert [(t.measured, t.ok) for t in targets] == [("4.00 s", True)]
+    assert summary["4xwarm"] == {"first_line": 4.0, "all_reduce": 5.0}

@@ -221,6 +221,10 @@ BAD_NUMBERS = {
     "node_rank": [-1, 10**6, 10**30],
     "max_config_bytes": [0, -1, (1 << 30) + 1, 10**30],
     "hang_timeout": [math.nan, math.inf, -math.inf, -1.0, 365 * 86400.0 + 1, 1e300],
+    "spares": [-1, 1_000_001, 10**30],
+    "min_nodes": [-1, 1_000_001, 10**30],
+    "health_timeout": [math.nan, math.inf, -math.inf, 0.0, -1.0, 86401.0, 1e300],
+    "min_free_mib": [-1, (1 << 40) + 1, 10**30],
 }
 GOOD_NUMBERS = {
     "grace": [0, 0.0, 5, 86400.0],
@@ -233,6 +237,10 @@ GOOD_NUMBERS = {
     "node_rank": [0, 999],
     "max_config_bytes": [1, 4096, 1 << 30],
     "hang_timeout": [0, 5, 600.0, 365 * 86400.0],
+    "spares": [0, 1, 1_000_000],
+    "min_nodes": [0, 2, 1_000_000],
+    "health_timeout": [0.001, 60, 86400.0],
+    "min_free_mib": [0, 64, 1 << 40],
 }
 
 

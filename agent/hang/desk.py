@@ -27,12 +27,12 @@ class StackDesk:
     def __init__(
         self,
         scope: Scope,
-        agents: int,
+        nodes: Sequence[int],  # the agents that run ranks in this attempt (spares do not)
         host: str,
         ranks: Callable[[], list[tuple[int, int]]],  # this node's live (rank, pid)
         fallback_dir: str | None = None,
     ) -> None:
-        self.scope, self.agents, self.host = scope, agents, host
+        self.scope, self.nodes, self.host = scope, tuple(nodes), host
         self.ranks, self.fallback_dir = ranks, fallback_dir
         self._lock = threading.Lock()
         self._asking: Scope | None = None  # node 0's own connection for requests
@@ -69,14 +69,18 @@ class StackDesk:
             s = self._asking
             number = s.store.add(s.key("stacks", "seq"))
             s.put(f"stacks/req/{number}", {"native": native, "timeout": timeout})
-            keys = [s.key("stacks", number, i) for i in range(self.agents)]
-            s.store.wait(keys, timeout + ANSWER_SLACK)
+            keys = [s.key("stacks", number, i) for i in self.nodes]
+            every = s.store.wait(keys, timeout + ANSWER_SLACK)
             found: list[RankStack] = []
-            for i, key in enumerate(keys):
-                if not s.store.exists(key):
+            names = [f"stacks/{number}/{i}" for i in self.nodes]
+            if every:  # one round trip for every answer
+                answers = s.get_all(names, "stacks answer")
+            else:  # someone is silent: name it
+                answers = [s.get_if(name, "stacks answer") for name in names]
+            for i, answer in zip(self.nodes, answers, strict=True):
+                if answer is None:
                     found.append(_silent(i, timeout + ANSWER_SLACK))
                     continue
-                answer = s.get(f"stacks/{number}/{i}", "stacks answer")
                 found += [RankStack.from_json(item) for item in _items(answer.get("stacks"))]
             return sorted(found, key=lambda stack: stack.rank)
 

@@ -48,7 +48,7 @@ class HangWatch:
         if quiet != self.quiet:
             self.scope.store.add(counter, 1 if quiet else -1)
             self.quiet = quiet
-        if not (self.leader and quiet) or self.scope.store.add(counter, 0) < self.desk.agents:
+        if not (self.leader and quiet) or self.scope.store.add(counter, 0) < len(self.desk.nodes):
             return None
         self.fired = True
         return self._hang()

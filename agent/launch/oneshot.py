@@ -44,7 +44,8 @@ def launch(command: Command, environ: Mapping[str, str]) -> int:
             agent.offer(0, plan)
             control = open_control(agent, plan.log_dir)
         agent.meet()
-        code = agent.execute(0, plan, topology, warm=warm)
+        replan = (lambda nodes: decide(request, world, topology, nodes)) if agent.leader else None
+        code = agent.execute(0, plan, topology, warm=warm, replan=replan)
         agent.leave()
         return code
     except Interrupted as exc:

@@ -50,12 +50,24 @@ class NodeAgent:
         self.signals = Signals(self.events)
         self.keys = JobKeys.derive(secret, world.job_id, world.step_id)
         self.stop = threading.Event()
-        self.phase: Scope | None = None  # where a failure of ours is reported right now
+        self._phase: Scope | None = None
         self.store: Store | None = None
         self.claimed = False  # only an agent that holds its node index may speak for it
         self.met = False  # past the join barrier
         self.reporter: Reporter | None = None
         self.desk: Any = None  # the running attempt's StackDesk (for `agent stacks`)
+        self.roster: Any = (
+            None  # node 0: who runs, waits or is out, across runs (agent.plan.roster)
+        )
+
+    @property
+    def phase(self) -> Scope | None:
+        """Where a failure of ours is reported right now (and, on node 0, a lost peer's)."""
+        return self._phase
+
+    @phase.setter
+    def phase(self, scope: Scope | None) -> None:
+        self._enter(scope)
 
     @property
     def names(self) -> list[str]:
@@ -122,7 +134,7 @@ class NodeAgent:
             1.0,
             self.settings.heartbeat_timeout,
             on_lost=lambda why: self.events.put(_store_lost(why)),
-            on_silent=(lambda i: self.reporter.peer_silent(i, self.phase)) if self.leader else None,
+            on_silent=self.reporter.peer_silent if self.leader else None,
         )
 
     # -- runs -----------------------------------------------------------------------------
@@ -138,55 +150,22 @@ class NodeAgent:
         run: int,
         plan: RunPlan | None,
         read_topology: Callable[[str], Any],
-        **extra: Any,  # Attempts' warm= and sinks=
+        **extra: Any,  # Attempts' warm=, sinks=, replan= (node 0), spawn=
     ) -> int:
         """One run: node 0 passes the plan it decided, the others receive it."""
-        from agent.run.execute import Attempts
-        from agent.run.outputs import write_ranks
-        from agent.run.prepare import prepare
+        from agent.run.node_run import execute_run
 
-        assert self.store is not None
-        scope = self._scope(f"r{run}", wakes=("plan", "done"))
-        if self.leader and not scope.store.exists(scope.key("plan")):
-            assert plan is not None
-            self.offer(run, plan)
-        self.phase = scope
-        prepared = prepare(
-            scope,
-            world=self.world,
-            plan=plan,
-            environ=self.environ,
-            read_topology=read_topology,
-            timeout=self.settings.rdzv_timeout,
-            names=self.names,
-        )
-        plan = prepared.plan
-        if self.leader:
-            hosts = self.membership.hosts()
-            write_ranks(plan.log_dir, hosts, plan.nproc_per_node, self.world.task is not None)
-        attempts = Attempts(
-            world=self.world,
-            scope_of=lambda attempt: self._scope(f"r{run}/a{attempt}"),
-            events=self.events,
-            signals=self.signals,
-            report=self.reporter.report,
-            enter=self._enter,
-            serve_workers=self.store.serve_workers,
-            environ={**self.environ, **(plan.env or {})},  # a client's exports, over the node's
-            stop=self.stop,
-            lost_results=self.reporter.lost_failures,
-            show_desk=lambda desk: setattr(self, "desk", desk),
-            **extra,
-        )
-        return attempts.execute(prepared)
+        return execute_run(self, run, plan, read_topology, **extra)
 
     def _scope(self, prefix: str, wakes: tuple[str, ...] = ()) -> Scope:
         assert self.store is not None
         return Scope(self.store, prefix, self.world.agent_index, self.keys, wakes)
 
-    def _enter(self, scope: Scope | None) -> None:
-        self.phase = scope
-        self.reporter.lost.clear()
+    def _enter(self, scope: Scope | None, active: Mapping[int, int] | None = None) -> None:
+        """`active`: the peers this phase counts on, by node rank (None: every one)."""
+        self._phase = scope
+        if self.reporter is not None:
+            self.reporter.enter(scope, active)
 
     def farewell(self, record: dict[str, Any] | None, why: str, *, everyone: bool = False) -> None:
         """Ending early: tell everyone (over a fresh connection: the main one may be mid-query).

@@ -1,4 +1,10 @@
-"""Failures published from any thread, over a connection of their own; node 0's lost peers."""
+"""Failures published from any thread, over a connection of their own; node 0's lost peers.
+
+Node 0's heartbeat thread reports a silent peer into the phase the agent is in right now (set
+by `enter`), but only a peer that runs ranks there: a lost spare is noted, never a failure. A
+peer lost in one phase and still counted on in the next is reported there again on entering,
+so no phase waits for a node that is gone.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +12,7 @@ import contextlib
 import logging
 import threading
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from agent.node.membership import Membership
@@ -24,6 +31,22 @@ class Reporter:
         self.lost: dict[int, dict[str, Any]] = {}  # node 0: this attempt's lost-node failures
         self.lost_peers: set[int] = set()  # node 0: every peer it declared lost, for good
         self.lost_why: dict[int, str] = {}  # node 0: what it said of each
+        self.lost_reason: dict[int, str] = {}  # the same without the node's name
+        self.scope: Scope | None = None  # the phase a lost peer fails
+        self.active: Mapping[int, int] | None = None  # peers counted on → node rank (None: all)
+
+    def enter(self, scope: Scope | None, active: Mapping[int, int] | None = None) -> None:
+        """A new phase (None: between runs, or a spare's wait): lost peers fail it from now."""
+        with self._lock:
+            self.scope, self.active = scope, active
+            self.lost.clear()
+            # Only a phase that names who it counts on (a lineup, an attempt) hears of old losses.
+            carried = [i for i in self.lost_peers if self._counts(i)] if active else []
+        for index in carried:
+            self._fail(index, self.lost_why[index], scope)
+
+    def _counts(self, index: int) -> bool:
+        return self.active is None or index in self.active
 
     def report(
         self, scope: Scope, record: dict[str, Any], slot: object = None
@@ -40,31 +63,32 @@ class Reporter:
             log.error("first failure of the job: %s", record.get("how"))
         return published
 
-    def peer_silent(self, index: int, scope: Scope | None) -> None:
+    def peer_silent(self, index: int) -> None:
         """Heartbeat thread, node 0: a peer stopped ticking. Mid-run, that fails the attempt."""
-        with self._lock:
+        with self._lock:  # noted and the phase read together: `enter` carries it, or we report
             departed = (
                 self.membership.scope.on(self._side).get_if(f"gone/{index}", "departure")
                 if self._side
                 else None
             )
-        if departed is not None and departed.get("why") is None:
-            return  # an orderly exit
-        name = self.names[index]
-        why = (
-            f"{name} left: {departed['why']}"
-            if departed
-            else f"{name} lost: its agent stopped answering"
-        )
-        log.error("%s", why)
-        if scope is None:  # between runs (resident agents): later runs are refused, naming it
+            if departed is not None and departed.get("why") is None:
+                return  # an orderly exit
+            reason = f"left: {departed['why']}" if departed else "lost: its agent stopped answering"
+            why = f"{self.names[index]} {reason}"
             self.lost_peers.add(index)
             self.lost_why[index] = why
-            return
-        host = self.world.hosts[index] if index < len(self.world.hosts) else name
+            self.lost_reason[index] = reason
+            scope = self.scope if self._counts(index) else None
+        log.error("%s", why)
+        if scope is not None:  # else between runs, or a spare: excluded before the next attempt
+            self._fail(index, why, scope)
+
+    def _fail(self, index: int, why: str, scope: Scope) -> None:
+        host = self.world.hosts[index] if index < len(self.world.hosts) else self.names[index]
+        node = self.active.get(index, index) if self.active is not None else index
         record = {
             "kind": "lost",
-            "node_rank": index,
+            "node_rank": node,
             "host": host,
             "how": why,
             "time": time.time(),
@@ -73,13 +97,11 @@ class Reporter:
         published = self.report(scope, record, slot=f"lost-{index}")
         if published is not None:
             self.lost[index] = published
-            self.lost_peers.add(index)
-            self.lost_why[index] = why
             with contextlib.suppress(Exception), self._lock:
                 side = scope.on(self._side)
                 if not side.store.exists(side.key("result", index)):
                     side.put(
-                        f"result/{index}", {"lost": True, "node": index, "host": host, "exits": []}
+                        f"result/{index}", {"lost": True, "node": node, "host": host, "exits": []}
                     )
 
     def lost_failures(self, scope: Scope) -> list[dict[str, Any]]:

@@ -26,6 +26,12 @@ class Options:
     console_ranks: str = "all"
     grace: float = 5.0
     max_restarts: int = 0
+    spares: int = 0
+    min_nodes: int = 0
+    exclude: str | None = None
+    health_check: str | None = None
+    health_timeout: float = 60.0
+    min_free_mib: int = 0
     numa_binding: str = "auto"
     numa_strict: bool = False
     config_parser: str = "default"

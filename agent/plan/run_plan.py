@@ -22,6 +22,7 @@ from agent.plan.parsers import load_parser, run_parser
 from agent.plan.payload import Payload
 from agent.plan.rank_set import parse_rank_set
 from agent.plan.ranks import Launch, RankSpec, node_ranks, script_command
+from agent.plan.roster import active_world
 from agent.plan.topology import Topology
 from agent.world import World
 
@@ -88,8 +89,14 @@ class RunPlan:
             ) from None
 
 
-def decide(request: Request, world: World, read_topology: Callable[[str], Topology]) -> RunPlan:
-    """Node 0 only: read the configs once, resolve options, check, run the config parser."""
+def decide(
+    request: Request,
+    world: World,
+    read_topology: Callable[[str], Topology],
+    nodes: int | None = None,
+) -> RunPlan:
+    """Node 0 only: read the configs once, resolve options, check, run the config parser —
+    for the agents less the spares, or (`nodes`) for the world left after exclusions."""
     given = {k: v for k, v in (request.given or {}).items() if v is not None}
     limit = resolve(given, {}, "the command line").max_config_bytes  # a flag: before configs
     cwd = request.cwd
@@ -98,6 +105,7 @@ def decide(request: Request, world: World, read_topology: Callable[[str], Topolo
     launcher, _ = cfg.split_launcher(merged)
     options = resolve(given, launcher, " + ".join(request.configs) or "configs")
     checks.check_script(request.script, options, cwd)
+    world = active_world(world, options, nodes)
     topology = read_topology(options.sysfs_root)
     lay = layout(world, options, topology)
     shape = shape_of(world, lay)

@@ -1,38 +1,39 @@
-"""What is running: one run's attempts on this node — ranks, supervision, results, the verdict.
+"""What is running: one run's attempts on this node — lineup, ranks, results, the verdict.
 
-Node 0 judges each attempt (agent.run.verdict), restarts the whole world or ends the run, and
-writes summary.json; every node acts on node 0's verdict. Per-attempt keys live in the scope
-`r<run>/a<attempt>`, so runs and attempts never see each other's records.
+Before each attempt every node checks its health and node 0 decides who runs (agent.run.lineup):
+the roster's nodes start ranks (agent.run.attempt), spares stand by, the excluded leave. Node 0
+judges each attempt (agent.run.verdict), restarts the world — a spare in a lost node's place —
+or ends the run and writes summary.json; every node acts on node 0's verdict. Per-attempt keys
+live in the scopes `r<run>/l<attempt>` and `r<run>/a<attempt>`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from agent.console.view import ConsoleView, Sinks
+from agent.console.view import Sinks
 from agent.errors import ExitCode
 from agent.hang.desk import StackDesk
-from agent.hang.fallback import fallback_path, private_dir
-from agent.hang.watch import HangWatch
 from agent.node.scope import Scope
 from agent.node.signals import Signals
-from agent.plan.run_plan import rank_specs
+from agent.plan.roster import Exclusion, Roster, Shortfall
+from agent.plan.run_plan import RunPlan
 from agent.run import outputs, workers
-from agent.run.prepare import Prepared
+from agent.run.attempt import run_ranks
+from agent.run.lineup import Lineup, await_key, seating
+from agent.run.prepare import Prepared, replanned
+from agent.run.roll_call import examine_node, line_up
 from agent.run.summary import build_summary, job_record, render_report
-from agent.run.supervisor import AbortSeen, Outcome, StoreLost, Supervisor
+from agent.run.supervisor import Outcome
 from agent.run.verdict import Verdict, judge
 from agent.run.warm_source import WarmSource
 from agent.world import World
 
 log = logging.getLogger("agent")
-WARM_WAIT = 120.0  # seconds a run waits for a warm interpreter that is still importing
 
 
 @dataclass
@@ -40,188 +41,166 @@ class Attempts:
     """Everything the attempts of one run need from the node agent that executes them."""
 
     world: World
-    scope_of: Callable[[int], Scope]  # attempt → its scope over the main connection
+    scope_of: Callable[[str], Scope]  # "a<k>" / "l<k>" → that scope of the run
     events: Any  # queue.SimpleQueue of supervisor events
     signals: Signals
     report: Callable[[Scope, dict[str, Any]], dict[str, Any] | None]  # any thread; None: lost
-    enter: Callable[[Scope | None], None]  # the scope a farewell reports into
+    enter: Callable[..., None]  # (scope, active peers → node rank): where failures go now
     serve_workers: Callable[[], int]  # node 0: a fresh store for one attempt's ranks
     environ: Mapping[str, str]
     stop: threading.Event
     lost_results: Callable[[Scope], list[dict[str, Any]]]  # node 0: failures of lost nodes
+    lost: Callable[[], Mapping[int, str]] = dict  # node 0: agents out of the job → why
+    hosts: Callable[[], list[str]] = list  # node 0: every agent's host
+    read_topology: Callable[[str], Any] | None = None  # a fresh look at the GPUs
+    replan: Callable[[int], RunPlan] | None = None  # node 0: the plan for a smaller world
     warm: WarmSource | None = None  # where ranks are forked from (None: always fresh)
     sinks: Sinks | None = None  # a resident agent's run: console lines to its client
     show_desk: Callable[[StackDesk | None], None] = lambda desk: None  # for `agent stacks`
+    spawn: Callable[..., list[workers.Worker]] = workers.spawn  # the scale bench fakes ranks
+    roster: Roster | None = None  # who runs, waits, is out: the last lineup's
+    seatings: list[dict[str, Any]] = field(default_factory=list)  # node 0: ranks.json
 
     def execute(self, prepared: Prepared) -> int:
-        plan, world = prepared.plan, self.world
-        leader = world.agent_index == 0
-        port = self._publish_port(0) if leader else 0  # node 0 uses what it decided itself
+        world, me = self.world, self.world.agent_index
+        leader = me == 0
+        roster = self.roster or Roster.initial(world.agents, prepared.plan.options.spares)
         history: list[dict[str, Any]] = []
         attempt = 0
         while True:
-            scope = self.scope_of(attempt)
-            self.enter(scope)
-            if not leader:
-                port = int(scope.get("port", "worker port")["port"])
-            outcome = self._supervise(prepared, scope, attempt, port)
-            if outcome.store_lost:
-                log.error("%s", outcome.store_lost)
-                return _signal_code(outcome) or int(ExitCode.RENDEZVOUS)
-            scope.put(f"result/{world.agent_index}", _result(outcome))
+            health = examine_node(self, prepared, roster)
+            lineup = line_up(self, prepared, roster, attempt, health)
+            self.roster = roster = lineup.roster
             if leader:
-                verdict = self._judge(scope, attempt, plan.options.max_restarts)
-                history.append(dict(verdict.record))
-                decision = {"restart": verdict.restart, "code": verdict.code}
-                if verdict.restart:
-                    port = self._publish_port(attempt + 1)
-                    log.warning(
-                        "attempt %d failed (%s); restarting the whole world (%d of %d)",
-                        attempt,
-                        (verdict.root_cause or {}).get("how"),
-                        attempt + 1,
-                        plan.options.max_restarts,
-                    )
-                else:
-                    self._summarise(prepared, history, verdict.code)
-                scope.put("verdict", decision)
-                scope.close()  # wakes every abort watcher of this attempt
+                self._seat(prepared, lineup, attempt)
+            if lineup.end is not None:
+                return self._end(prepared, history, lineup.end)
+            if lineup.plan is not None:
+                log.warning("attempt %d: the world is now %d node(s)", attempt, len(roster.nodes))
+                prepared = replanned(prepared, lineup.plan, me)
+            role = roster.role(me)
+            if role == "out":
+                why = next((e.why for e in roster.excluded if e.agent == me), "excluded")
+                log.error("%s is out of the job: %s", world.host, why)
+                self.enter(None)
+                return int(ExitCode.OK)
+            scope = self.scope_of(f"a{attempt}")
+            outcome: Outcome | None = None
+            if role == "spare":
+                decision = self._stand_by(scope, prepared, attempt)
             else:
-                decision = scope.get("verdict", "verdict")
-            if decision.get("restart") and outcome.signum is None:
+                active = {agent: rank for rank, agent in enumerate(roster.nodes)}
+                self.enter(scope, active)
+                outcome = run_ranks(self, prepared, scope, attempt, lineup.port, roster)
+                if outcome.store_lost:
+                    log.error("%s", outcome.store_lost)
+                    return _signal_code(outcome) or int(ExitCode.RENDEZVOUS)
+                scope.put(f"result/{me}", _result(outcome))
+                if leader:
+                    decision = self._decide(prepared, scope, attempt, roster, history, lineup)
+                else:
+                    decision = scope.get("verdict", "verdict")
+            if decision.get("restart") and (outcome is None or outcome.signum is None):
                 attempt += 1
                 continue
             self.enter(None)
-            return _signal_code(outcome) or int(decision["code"])
+            return (_signal_code(outcome) if outcome else None) or int(decision["code"])
 
-    def _publish_port(self, attempt: int) -> int:
-        port = self.serve_workers()
-        self.scope_of(attempt).put("port", {"port": port})
-        return port
-
-    def _supervise(self, prepared: Prepared, scope: Scope, attempt: int, port: int) -> Outcome:
-        world, plan = self.world, prepared.plan
-        specs = rank_specs(
-            plan,
-            world,
-            prepared.layout,
-            attempt=attempt,
-            port=port,
-            config_file=prepared.config_file,
-            environ=self.environ,
-        )
-        ranks = [s.rank for s in specs]
-        log.info("attempt %d: starting ranks %s on %s", attempt, _span(ranks), world.host)
-        desk = StackDesk(scope, world.agents, world.host, lambda: _live(sup), private_dir())
-        desk.start()
-        sup = Supervisor(
-            specs,
-            attempt=attempt,
-            events=self.events,
-            report=lambda record: self.report(scope, record),
-            grace=plan.options.grace,
-            hang_warning=plan.options.hang_warning,
-            hang=self._hang_watch(plan, scope, desk, attempt),
-        )
-        self.show_desk(desk)
-        scope.watch(
-            self.stop,
-            lambda record: self.events.put(AbortSeen(attempt, record)),
-            lambda why: self.events.put(StoreLost(why)),
-        )
-        early = scope.failure()  # someone failed before our watcher started
-        if early is not None:
-            self.events.put(AbortSeen(attempt, early))
-        console = ConsoleView(plan.options, self.sinks)
-        warm = self.warm if self.warm is not None and self.warm.enabled else None
-        warm = None if plan.options.cold else warm
-
-        # Waited for here, where a stop signal still interrupts (not in the supervisor's start).
-        zygote = warm.usable(self.environ, wait=WARM_WAIT) if warm is not None else None
-
-        def start() -> list[workers.Worker]:
-            started = workers.spawn(
-                specs,
-                self.environ,
-                console.router,
-                prefix_for=console.prefix,
-                console=console.shows,
-                events=self.events,
-                cwd=plan.cwd,
-                warm=zygote,
+    def _decide(
+        self,
+        prepared: Prepared,
+        scope: Scope,
+        attempt: int,
+        roster: Roster,
+        history: list[dict[str, Any]],
+        lineup: Lineup,
+    ) -> dict[str, Any]:
+        """Node 0: judge the attempt, tell everyone, write the summary when it is the last."""
+        options = prepared.plan.options
+        verdict = self._judge(scope, attempt, roster, options)
+        history.append({**verdict.record, **_seated_record(self.seatings, attempt)})
+        decision = {"restart": verdict.restart, "code": verdict.code}
+        if verdict.restart:
+            log.warning(
+                "attempt %d failed (%s); restarting the whole world (%d of %d)",
+                attempt,
+                (verdict.root_cause or {}).get("how"),
+                attempt + 1,
+                options.max_restarts,
             )
-            if warm is not None:
-                forked = sum(w.warm for w in started)
-                if forked or warm.resident:
-                    log.info(
-                        "attempt %d: %d of %d ranks forked warm", attempt, forked, len(started)
-                    )
-                if warm.resident or attempt < plan.options.max_restarts:
-                    warm.ensure(self.environ)  # for the next attempt or run, once ours started
-            console.started(started)
-            return started
+        else:
+            self._summarise(prepared, history, verdict.code)
+        scope.put("verdict", decision)
+        scope.close()  # wakes every abort watcher of this attempt
+        return decision
 
-        try:
-            with self.signals.queued():
-                outcome = sup.run(start)
-        finally:
-            self.show_desk(None)
-            _forget_dumps(sup)
-            if world.agent_index == 0:
-                desk.end()
-            console.close()
-        outcome.warnings += console.router.losses()
-        keep = self.warm.pids() if self.warm is not None else ()
-        escaped = workers.reap_escaped(min(plan.options.grace, 5.0), keep)
-        if escaped:
-            outcome.warnings.append(
-                f"{len(escaped)} process(es) left behind by ranks on {world.host} were cleaned up "
-                f"(pids {', '.join(map(str, escaped[:20]))})"
-            )
-            log.warning("%s", outcome.warnings[-1])
-        return outcome
-
-    def _hang_watch(self, plan: Any, scope: Scope, desk: StackDesk, attempt: int) -> Any:
-        if plan.options.hang_timeout <= 0:
-            return None
-        w = self.world
-        return HangWatch(
-            scope,
-            desk,
-            timeout=plan.options.hang_timeout,
-            leader=w.agent_index == 0,
-            log_dir=plan.log_dir,
-            attempt=attempt,
-            node_rank=w.node_rank,
-            host=w.host,
-        )
-
-    def _judge(self, scope: Scope, attempt: int, max_restarts: int) -> Verdict:
+    def _judge(self, scope: Scope, attempt: int, roster: Roster, options: Any) -> Verdict:
         # Waits for every node's result; a lost node's is written by node 0's heartbeat monitor.
-        results = scope.get_all([f"result/{i}" for i in range(self.world.agents)], "result")
+        results = scope.get_all([f"result/{i}" for i in roster.nodes], "result")
         failures = [r["failure"] for r in results if r.get("failure")]
         failures += self.lost_results(scope)
-        return judge(attempt, results, failures, max_restarts)
+        lost = [a for a, r in zip(roster.nodes, results, strict=True) if r.get("lost")]
+        return judge(
+            attempt, results, failures, options.max_restarts, _replaceable(roster, lost, options)
+        )
+
+    def _stand_by(self, scope: Scope, prepared: Prepared, attempt: int) -> dict[str, Any]:
+        """A spare: no ranks; wait for the attempt's verdict (a signal or node 0's loss ends the
+        wait at once), warm for the moment it takes a node's place."""
+        self.enter(None)  # our own trouble now is a departure, never the attempt's failure
+        log.info("attempt %d: %s stands by as a spare", attempt, self.world.host)
+        warm = self.warm if self.warm is not None and self.warm.enabled else None
+        if warm is not None and not prepared.plan.options.cold:
+            warm.ensure(self.environ)
+        await_key(scope, "verdict", self.events, fatal=lambda failure: False)
+        return scope.get("verdict", "verdict")
+
+    def _seat(self, prepared: Prepared, lineup: Lineup, attempt: int) -> None:
+        plan = prepared.plan
+        per_task = self.world.task is not None
+        record = seating(lineup.roster, self.hosts(), plan.nproc_per_node, attempt, per_task)
+        self.seatings.append(record)
+        outputs.write_ranks(plan.log_dir, self.seatings, plan.nproc_per_node, per_task)
+
+    def _end(self, prepared: Prepared, history: list[dict[str, Any]], end: Mapping) -> int:
+        """The lineup found no way on (too few nodes, node 0 unhealthy, a stop mid-round)."""
+        code, cause = int(end["code"]), dict(end.get("cause") or {})
+        log.error("the job cannot go on: %s", cause.get("how"))
+        if self.world.agent_index == 0:
+            attempt = len(history)
+            history.append(
+                {
+                    "attempt": attempt,
+                    "root_cause": cause,
+                    "ranks": [],
+                    **_seated_record(self.seatings, attempt),
+                }
+            )
+            self._summarise(prepared, history, code)
+        self.enter(None)
+        return code
 
     def _summarise(self, prepared: Prepared, history: list[dict[str, Any]], code: int) -> None:
         job = job_record(self.world, prepared.plan)
-        summary = build_summary(job, history, code)
+        excluded = self.roster.excluded if self.roster else ()
+        summary = build_summary(job, history, code, excluded=[e.to_json() for e in excluded])
         path = outputs.write_summary(prepared.plan.log_dir, summary)
         shown = path or "not written (see above)"
         (log.info if code == 0 else log.error)("%s\nsummary: %s", render_report(summary), shown)
 
 
-def _live(sup: Supervisor) -> list[tuple[int, int]]:
-    workers = getattr(sup, "workers", [])
-    return [(w.spec.rank, w.proc.pid) for w in workers if w.returncode is None]
+def _replaceable(roster: Roster, lost: list[int], options: Any) -> bool:
+    """Whether a spare (or, with --min-nodes, a smaller world) can stand in for the lost."""
+    try:
+        roster.without([Exclusion(a, "", "lost", 0) for a in lost], options.min_nodes)
+    except Shortfall:
+        return False
+    return True
 
 
-def _forget_dumps(sup: Supervisor) -> None:
-    """Warm ranks' faulthandler dump files (agent.hang.fallback) end with their ranks."""
-    directory = private_dir()
-    for worker in getattr(sup, "workers", []) if directory else ():
-        with contextlib.suppress(OSError):
-            os.unlink(fallback_path(directory, worker.proc.pid))
+def _seated_record(seatings: list[dict[str, Any]], attempt: int) -> dict[str, Any]:
+    found = next((s for s in reversed(seatings) if s["attempt"] == attempt), None)
+    return {k: v for k, v in (found or {}).items() if k != "attempt"}
 
 
 def _result(outcome: Outcome) -> dict[str, Any]:
@@ -236,7 +215,3 @@ def _result(outcome: Outcome) -> dict[str, Any]:
 
 def _signal_code(outcome: Outcome) -> int | None:
     return 128 + outcome.signum if outcome.signum else None
-
-
-def _span(ranks: list[int]) -> str:
-    return f"{ranks[0]}-{ranks[-1]}" if len(ranks) > 1 else str(ranks[0]) if ranks else "none"

@@ -45,19 +45,24 @@ def write_config(log_dir: str, agent_index: int, config: Mapping[str, Any]) -> s
     return path
 
 
-def write_ranks(log_dir: str, hosts: Sequence[str], nproc_per_node: int, per_task: bool) -> None:
-    """ranks.json: which host runs which rank, for `agent logs` and for people."""
+def write_ranks(
+    log_dir: str, seatings: Sequence[Mapping[str, Any]], nproc_per_node: int, per_task: bool
+) -> None:
+    """ranks.json: which host runs which rank now ("ranks", for `agent logs` and for people),
+    and per attempt which hosts ran, waited as spares or were excluded ("attempts")."""
+    last = seatings[-1]["nodes"] if seatings else []
     if per_task:
-        ranks = [{"rank": i, "host": host} for i, host in enumerate(hosts)]
+        ranks = [{"rank": n["ranks"][0], "host": n["host"]} for n in last]
     else:
-        n = nproc_per_node
         ranks = [
-            {"rank": node * n + local, "host": host, "node": node, "local_rank": local}
-            for node, host in enumerate(hosts)
-            for local in range(n)
-        ]
+            {"rank": n["node"] * nproc_per_node + local, "host": n["host"], "node": n["node"],
+             "local_rank": local}
+            for n in last
+            for local in range(nproc_per_node)
+        ]  # fmt: skip
+    data = {"ranks": ranks, "attempts": list(seatings)}
     try:
-        write_json(os.path.join(log_dir, "ranks.json"), {"ranks": ranks}, indent=1)
+        write_json(os.path.join(log_dir, "ranks.json"), data, indent=1)
     except OSError as exc:  # `agent logs` then names hosts from the agent logs instead
         log.error("cannot write ranks.json in %s (%s)", log_dir, exc.strerror or exc)
 

@@ -9,13 +9,14 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from agent.errors import AgentError, ExitCode, PeerFailed
 from agent.node.scope import VALUE_LIMIT, Scope, TooLarge, could_not
 from agent.plan import checks
 from agent.plan.layout import NodeLayout
+from agent.plan.roster import Roster, seated
 from agent.plan.run_plan import RunPlan, node_layout, rank_specs
 from agent.run import outputs
 from agent.world import World
@@ -26,8 +27,15 @@ log = logging.getLogger("agent")
 @dataclass(frozen=True)
 class Prepared:
     plan: RunPlan
-    layout: NodeLayout
+    layout: NodeLayout  # as first seated (a spare: as if it ran node 0's share)
     config_file: str
+    topology: Any  # this node's, read once: each attempt seats the node from it
+
+
+def replanned(prepared: Prepared, plan: RunPlan, agent_index: int) -> Prepared:
+    """Node 0 planned again for a smaller world: this node's copy of the new config."""
+    config_file = outputs.write_config(plan.log_dir, agent_index, plan.payload.config)
+    return replace(prepared, plan=plan, config_file=config_file)
 
 
 def prepare(
@@ -55,11 +63,13 @@ def prepare(
     _warn_if_low(plan.log_dir)
     if world.agent_index == 0:
         outputs.reserve_space(plan.log_dir)
-    lay = node_layout(plan, world, read_topology(plan.options.sysfs_root))
+    topology = read_topology(plan.options.sysfs_root)
+    placed = seated(world, Roster.initial(world.agents, plan.options.spares))
+    lay = node_layout(plan, placed, topology)
     # Every rank's argv and env can be built (e.g. --rank-prefix placeholders) before the barrier.
-    rank_specs(plan, world, lay, attempt=0, port=0, config_file=config_file, environ=environ)
+    rank_specs(plan, placed, lay, attempt=0, port=0, config_file=config_file, environ=environ)
     scope.barrier(world.agents, timeout, names)
-    return Prepared(plan, lay, config_file)
+    return Prepared(plan, lay, config_file, topology)
 
 
 def offer(scope: Scope, plan: RunPlan) -> None:

@@ -94,7 +94,9 @@ def _traceback(error_file: Mapping[str, Any] | None) -> str | None:
     return str(message) if message else None
 
 
-def node_failure(kind: str, node_rank: int, host: str, why: str, when: float) -> dict[str, Any]:
+def node_failure(
+    kind: str, node_rank: int | None, host: str, why: str, when: float
+) -> dict[str, Any]:
     """A failure that is not a rank's: a lost agent, a signal, a setup error."""
     return {"kind": kind, "node_rank": node_rank, "host": host, "how": why, "time": when}
 
@@ -105,7 +107,9 @@ def job_record(world: Any, plan: Any) -> dict[str, Any]:
         "id": world.job_id,
         "step": world.step_id,
         "source": world.source,
-        "nnodes": world.nnodes,
+        "nnodes": plan.nnodes,
+        "agents": world.agents,
+        "spares": plan.options.spares,
         "world_size": plan.world_size,
         "nproc_per_node": plan.nproc_per_node,
         "hosts": list(world.hosts),
@@ -118,14 +122,17 @@ def build_summary(
     attempts: Sequence[Mapping[str, Any]],
     exit_code: int,
     cause: Mapping[str, Any] | None = None,
+    excluded: Sequence[Mapping[str, Any]] = (),
 ) -> dict[str, Any]:
-    """`cause`: why a run ended before its first attempt (a node never joined, a mismatch)."""
+    """`cause`: why a run ended before its first attempt (a node never joined, a mismatch);
+    `excluded`: the nodes taken out of the job, when and why."""
     last = attempts[-1] if attempts else {}
     return {
         "job": dict(job),
         "status": "succeeded" if exit_code == 0 else "failed",
         "exit_code": exit_code,
         "root_cause": last.get("root_cause", cause),
+        "excluded": [dict(e) for e in excluded],
         "attempts": list(attempts),
     }
 
@@ -140,15 +147,26 @@ def render_report(summary: Mapping[str, Any]) -> str:
     tally = ", ".join(f"{n} {state}" for state, n in sorted(counts.items()))
     head = f"job {summary['status']} (exit {summary['exit_code']}) after {len(attempts)} attempt(s): {tally}"
     cause = summary.get("root_cause")
+    lines = [head] + [excluded_line(e) for e in (summary.get("excluded") or [])[:20]]
     if not cause:
-        return head
-    lines = [head, "root cause: " + cause_line(cause)]
+        return "\n".join(lines)
+    lines.append("root cause: " + cause_line(cause))
     if cause.get("traceback"):
         lines += ["  traceback (from TORCHELASTIC_ERROR_FILE):"]
         lines += ["    " + line for line in str(cause["traceback"]).rstrip().splitlines()[-15:]]
     elif cause.get("stderr_tail"):
         lines += ["  last stderr lines:"] + ["    " + line for line in cause["stderr_tail"][-10:]]
     return "\n".join(lines)
+
+
+def excluded_line(exclusion: Mapping[str, Any]) -> str:
+    """`excluded n1 before attempt 1: lost: its agent stopped answering` (+ a check's output)."""
+    line = (
+        f"excluded {exclusion.get('host')} before attempt {exclusion.get('attempt')}: "
+        f"{exclusion.get('why')}"
+    )
+    output = exclusion.get("output") or []
+    return line + "".join(f"\n    {text}" for text in output[-5:])
 
 
 def cause_line(cause: Mapping[str, Any]) -> str:

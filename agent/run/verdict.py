@@ -29,9 +29,11 @@ def judge(
     results: Sequence[Mapping[str, Any]],
     failures: Sequence[Mapping[str, Any]],
     max_restarts: int,
+    replaceable: bool = False,
 ) -> Verdict:
-    """`results`: one per agent ({"exits": [...], "signal", "refused", ...} or {"lost": True,
-    "node", "host"}); `failures`: every failure record published in this attempt."""
+    """`results`: one per node ({"exits": [...], "signal", "refused", ...} or {"lost": True,
+    "node", "host"}); `failures`: every failure record published in this attempt;
+    `replaceable`: a spare (or a smaller world) can stand in for the lost nodes."""
     cause = root_cause(failures)
     ranks = [dict(e) for r in results for e in r.get("exits", [])]
     lost = [r for r in results if r.get("lost")]
@@ -40,8 +42,13 @@ def judge(
         ranks.append(gone.to_json())
     code = _code(cause, ranks, lost, results)
     signalled = any(r.get("signal") for r in results)
-    # An operator's stop is final, and the same world cannot run again without a lost node.
-    restart = code != ExitCode.OK and attempt < max_restarts and not signalled and not lost
+    # An operator's stop is final; a lost node's place must be filled before the world can run.
+    restart = (
+        code != ExitCode.OK
+        and attempt < max_restarts
+        and not signalled
+        and (not lost or replaceable)
+    )
     record = {
         "attempt": attempt,
         "root_cause": dict(cause) if cause else None,

@@ -56,6 +56,11 @@ class RunRunner:
         started(plan)
         _send(channel, {"accepted": {"run": number, "log_dir": plan.log_dir}})
         sinks = Sinks(ChannelOut(channel, 1), ChannelOut(channel, 2))
+        world, request, read = self.agent.world, self.request, self.read_topology
+
+        def replan(nodes: int) -> RunPlan:
+            return decide(request, world, read, nodes)
+
         with forward_logs(channel, self.agent.world.host):
             try:
                 self.agent.offer(number, plan)
@@ -63,7 +68,7 @@ class RunRunner:
                 if self.port:
                     write_control(plan.log_dir, self.agent, self.port)
                 code = self.agent.execute(
-                    number, plan, self.read_topology, warm=self.warm, sinks=sinks
+                    number, plan, self.read_topology, warm=self.warm, sinks=sinks, replan=replan
                 )
             except AgentError as exc:
                 if not isinstance(exc, PeerFailed):  # ours: the other nodes must hear of it
@@ -80,7 +85,7 @@ class RunRunner:
     def _plan(self, number: int, message: dict[str, Any]) -> RunPlan:
         agent = self.agent
         lost = sorted(agent.reporter.lost_peers) if agent.reporter else []
-        if lost:
+        if lost:  # spares stand in within a run; a run starts with every agent alive
             why = agent.reporter.lost_why.get(lost[0], agent.names[lost[0]])
             raise AgentError(
                 f"{why}; a run needs every node: stop the resident agents (python -m agent "
@@ -103,7 +108,9 @@ class RunRunner:
             env=exported,
             log_dir=_default_log_dir(cwd, agent.world.job_id, number),
         )
-        return decide(request, agent.world, self.read_topology)
+        plan = decide(request, agent.world, self.read_topology)
+        self.request = request  # for a smaller world, planned again (--min-nodes)
+        return plan
 
     def _report(self, how: str) -> None:
         w = self.agent.world

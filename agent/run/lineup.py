@@ -1,0 +1,163 @@
+"""Before every attempt: every node checks its health, node 0 decides who runs, everyone acts.
+
+In the scope `r<run>/l<attempt>` each member (nodes and spares) posts `health/<index>`; the last
+report (or a failure there: a peer lost mid-round) wakes node 0, which excludes the lost, the
+unhealthy and the hosts named by --exclude, lets spares take their node ranks (or shrinks the
+world, re-planned) and publishes `lineup`: the port, the roster, a new plan if the world
+changed shape, or why the job cannot go on.
+"""
+
+from __future__ import annotations
+
+import queue
+import time
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from agent.errors import AgentError, ExitCode, PeerFailed
+from agent.node.scope import Scope
+from agent.plan.roster import Exclusion, Roster
+from agent.plan.run_plan import RunPlan
+from agent.run.health import Health
+
+REPORT_SLACK = 5.0  # seconds node 0 waits for health reports beyond --health-timeout
+
+
+@dataclass(frozen=True)
+class Lineup:
+    port: int
+    roster: Roster
+    plan: RunPlan | None = None  # node 0 planned again: the world changed shape
+    end: Mapping[str, Any] | None = None  # {"code", "cause"}: the job cannot go on
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "port": self.port,
+            "roster": self.roster.to_json(),
+            "plan": self.plan.to_json() if self.plan else None,
+            "end": dict(self.end) if self.end else None,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Lineup:
+        plan = data.get("plan")
+        return cls(
+            int(data["port"]),
+            Roster.from_json(data["roster"]),
+            RunPlan.from_json(plan) if plan else None,
+            data.get("end"),
+        )
+
+
+def post_health(scope: Scope, health: Health, members: int) -> None:
+    scope.put(f"health/{scope.index}", health.to_json())
+    if scope.store.add(scope.key("reported")) == members:
+        scope.store.set_bytes(scope.key("health-done"), b"")
+
+
+def gather(
+    scope: Scope, members: Sequence[int], lost: Callable[[], Collection[int]], timeout: float
+) -> dict[int, Health | None]:
+    """Node 0: each member's report; None for one that sent none in time (or is lost)."""
+    deadline = time.monotonic() + timeout + REPORT_SLACK
+    gone = set(lost()) & set(members)
+    if gone and scope.store.add(scope.key("reported"), len(gone)) == len(members):
+        scope.store.set_bytes(scope.key("health-done"), b"")  # they never report: counted in
+    done = scope.store.wait([scope.key("health-done")], timeout + REPORT_SLACK)
+    expect = [i for i in members if i not in gone]
+    if done and scope.failure() is None:  # the usual case: one round trip for every report
+        found = scope.get_all([f"health/{i}" for i in expect], "health report")
+        return {
+            **dict.fromkeys(gone),
+            **dict(zip(expect, map(Health.from_json, found), strict=True)),
+        }
+    # Woken by a failure (a peer lost or stopped mid-round) or late: wait for the rest alone.
+    gone |= set(lost())
+    expect = [i for i in expect if i not in gone]
+    waiting = [scope.key("health", i) for i in expect]
+    if scope.store.wait(waiting, max(deadline - time.monotonic(), 0.001)):
+        found = scope.get_all([f"health/{i}" for i in expect], "health report")
+        return {
+            **dict.fromkeys(gone),
+            **dict(zip(expect, map(Health.from_json, found), strict=True)),
+        }
+    reports: dict[int, Health | None] = {}
+    for i in members:
+        record = None if i in gone else scope.get_if(f"health/{i}", "health report")
+        reports[i] = None if record is None else Health.from_json(record)
+    return reports
+
+
+def exclusions(
+    roster: Roster,
+    reports: Mapping[int, Health | None],
+    lost: Mapping[int, str],
+    excluded_hosts: Collection[str],
+    hosts: Sequence[str],
+    attempt: int,
+    waited: float,
+) -> list[Exclusion]:
+    """Pure: who leaves the job before this attempt, and why."""
+    out = []
+    for agent in roster.members():
+        host = hosts[agent] if agent < len(hosts) else f"agent {agent}"
+        health = reports.get(agent)
+        if agent in lost:
+            out.append(Exclusion(agent, host, lost[agent], attempt))
+        elif host in excluded_hosts:
+            out.append(Exclusion(agent, host, "named by --exclude", attempt))
+        elif health is None:
+            why = f"sent no health report within {waited:g}s"
+            out.append(Exclusion(agent, host, why, attempt))
+        elif not health.ok:
+            why = "failed its health check: " + "; ".join(health.problems)
+            out.append(Exclusion(agent, host, why, attempt, health.output))
+    return out
+
+
+def seating(
+    roster: Roster, hosts: Sequence[str], nproc: int, attempt: int, per_task: bool
+) -> dict[str, Any]:
+    """Pure: one attempt in ranks.json and summary.json — who ran which ranks, who waited,
+    who was excluded before it and why."""
+    new = [e.to_json() for e in roster.excluded if e.attempt == attempt]
+
+    def host(agent: int) -> str:
+        return hosts[agent] if agent < len(hosts) else f"agent {agent}"
+
+    nodes = [
+        {
+            "node": position,
+            "agent": agent,
+            "host": host(agent),
+            "ranks": [agent, agent] if per_task else [position * nproc, (position + 1) * nproc - 1],
+        }
+        for position, agent in enumerate(roster.nodes)
+    ]
+    return {
+        "attempt": attempt,
+        "nodes": nodes,
+        "spares": [host(a) for a in roster.spares],
+        "excluded": new,
+    }
+
+
+def await_key(scope: Scope, name: str, events: Any, fatal: Callable[[dict], bool]) -> None:
+    """Wait for `name` as long as it takes, answering to signals (the wait is a Python socket
+    read), to node 0 vanishing (the heartbeat's StoreLost event) and to a failure in the scope
+    that ends the wait (`fatal`), each within a second."""
+    from agent.run.supervisor import StoreLost
+
+    key = scope.key(name)
+    while not scope.store.wait([key], 1.0):
+        while True:
+            try:
+                event = events.get_nowait()
+            except queue.Empty:
+                break
+            if isinstance(event, StoreLost):
+                raise AgentError(f"{event.why}: node 0's agent is gone", ExitCode.RENDEZVOUS)
+        failure = scope.failure()
+        if failure is not None and fatal(failure):
+            raise PeerFailed(f"{failure.get('host')}: {failure.get('how')}")
