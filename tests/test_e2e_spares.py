@@ -188,3 +188,18 @@ def test_node_0_cannot_be_excluded(cluster_factory, tmp_path):
     assert cluster.wait(60) == [3, 3], cluster.dump()
     assert "node 0 hosts the job store and cannot be replaced" in cluster.agents[1].stderr()
     assert not list(tmp_path.glob("ready-*"))
+
+
+def test_a_signalled_spare_leaves_at_once_and_the_job_goes_on(cluster_factory, tmp_path):
+    done = tmp_path / "done"
+    args = ["--spares", "1", *QUICK, FIXTURE, "--env-out", str(tmp_path)]
+    cluster = cluster_factory(3).start([*args, "--until-file", str(done)])
+    wait_for(lambda: _attempt_running(tmp_path, 4, 0), 60, "attempt 0's ranks")
+    spare = cluster.agents[2]
+    wait_for(lambda: "stands by as a spare" in spare.stderr(), 30, "the spare standing by")
+    os.kill(spare.proc.pid, signal.SIGTERM)
+    assert spare.proc.wait(10) == 128 + signal.SIGTERM
+    wait_for(lambda: "left: agent received SIGTERM" in cluster.agents[0].stderr(), 30, "noted")
+    done.touch()
+    assert cluster.wait(60)[:2] == [0, 0], cluster.dump()
+    assert cluster.summary()["exit_code"] == 0

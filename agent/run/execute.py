@@ -152,6 +152,7 @@ class Attempts:
         warm = self.warm if self.warm is not None and self.warm.enabled else None
         if warm is not None and not prepared.plan.options.cold:
             warm.ensure(self.environ)
+        # Failures are node 0's to judge; if node 0 itself goes, the store closes under the wait.
         await_key(scope, "verdict", self.events, fatal=lambda failure: False)
         return scope.get("verdict", "verdict")
 
