@@ -1,12 +1,14 @@
 """Benchmarks of launch-agent against torchrun on one machine (loopback nodes, CPU, gloo).
 
     python scripts/bench.py [--quick] [--out bench-results] [--only launch,teardown,...]
+    python scripts/bench.py --only scale [--quick]   # not in the default run (~3 min; --quick <1)
 
 Writes a markdown report to stdout and <out>/bench.md, raw numbers to <out>/bench.json.
 Sections: launch overhead, teardown latency, rendezvous scale (+ reverse DNS), tee throughput,
 CLI start, steady-state agent cost, relaunch latency (resident agents, warm ranks), hang detection
-and `agent stacks`. Each section has a time budget; repetitions stop when it is spent (every cell
-still gets at least one run), so the whole run stays under 10 minutes.
+and `agent stacks`, node loss → the next attempt on a hot spare. Each section has a time budget;
+repetitions stop when it is spent (every cell still gets at least one run), so the whole run
+stays under 10 minutes.
 """
 
 from __future__ import annotations
@@ -26,11 +28,35 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench import cli_start, hang, launch, rdzv, relaunch, steady, teardown, tee  # noqa: E402
+from bench import (  # noqa: E402
+    cli_start,
+    hang,
+    launch,
+    node_loss,
+    rdzv,
+    relaunch,
+    scale,
+    steady,
+    teardown,
+    tee,
+)
 from bench import common as c  # noqa: E402
 from bench.stats import Table, Target, targets_table  # noqa: E402
 
-SECTIONS = ("launch", "teardown", "rdzv", "tee", "cli", "steady", "relaunch", "hang")
+SECTIONS = (
+    "launch",
+    "teardown",
+    "rdzv",
+    "tee",
+    "cli",
+    "steady",
+    "relaunch",
+    "hang",
+    "nodeloss",
+    "scale",
+)
+# Sections run only when --only names them: scale alone takes 2.5-4.5 minutes (--quick: < 1).
+ON_REQUEST = ("scale",)
 # What each section costs with one repetition per cell on this machine (seconds, loaded); the
 # sections before it keep this much of the run's time free for it.
 MIN_COST = {
@@ -42,6 +68,8 @@ MIN_COST = {
     "steady": 30,
     "relaunch": 120,
     "hang": 50,
+    "nodeloss": 60,
+    "scale": 60,
 }
 RUN_SECONDS = 560  # the whole run; the hard limit is 10 minutes
 
@@ -58,8 +86,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--quick", action="store_true", help="one repetition per cell, shorter caps (~6 min)"
     )
     p.add_argument("--out", default="bench-results", help="directory for bench.md and bench.json")
+    default = [s for s in SECTIONS if s not in ON_REQUEST]
     p.add_argument(
-        "--only", default=",".join(SECTIONS), help=f"comma list of sections: {','.join(SECTIONS)}"
+        "--only",
+        default=",".join(default),
+        help=f"comma list of sections: {','.join(SECTIONS)} (default: all but {','.join(ON_REQUEST)})",
     )
     p.add_argument(
         "--keep", action="store_true", help="keep the scratch directory (logs of every run)"
@@ -100,6 +131,8 @@ def plan(quick: bool) -> dict[str, Any]:
             "steady": {"seconds": 10.0},
             "relaunch": {"rounds": 1, "warm_per_round": 5, "slurm_warm": 5, "budget": 120},
             "hang": {"sizes": [2, 8], "rounds": 1, "stacks_reps": [3, 3], "budget": 60},
+            "nodeloss": {"sizes": [4], "reps": 1, "budget": 60},
+            "scale": {"sizes": list(scale.QUICK), "idle_s": 3.0, "budget": 60},
         }
     return {
         "launch": {"sizes": [1, 4, 8], "reps": {1: 3, 4: 3, 8: 2}, "budget": 280},
@@ -110,6 +143,8 @@ def plan(quick: bool) -> dict[str, Any]:
         "steady": {"seconds": 20.0},
         "relaunch": {"rounds": 2, "warm_per_round": 6, "slurm_warm": 8, "budget": 150},
         "hang": {"sizes": [2, 8], "rounds": 3, "stacks_reps": [3, 5], "budget": 110},
+        "nodeloss": {"sizes": [4, 8], "reps": 2, "budget": 150},
+        "scale": {"sizes": list(scale.SIZES), "idle_s": 5.0, "budget": 300},
     }
 
 
@@ -146,6 +181,10 @@ def run_section(
         )
     if name == "hang":
         return hang.run(cfg["sizes"], cfg["rounds"], tuple(cfg["stacks_reps"]), budget, work, log)
+    if name == "scale":
+        return scale.run(tuple(cfg["sizes"]), cfg["idle_s"], budget, work, log)
+    if name == "nodeloss":
+        return node_loss.run(cfg["sizes"], cfg["reps"], budget, work, log)
     return steady.run(cfg["seconds"], work, log)
 
 
@@ -160,6 +199,8 @@ SUMMARIZERS: dict[
     "steady": steady.summarize,
     "relaunch": relaunch.summarize,
     "hang": hang.summarize,
+    "nodeloss": node_loss.summarize,
+    "scale": scale.summarize,
 }
 
 

@@ -87,11 +87,13 @@ def one_line(text: str) -> str:
 def thread_stack(name: str, idle: bool, frames: Iterable[Frame]) -> ThreadStack:
     """A thread cut to the bounds: its innermost MAX_FRAMES frames, strings to MAX_TEXT."""
     kept = tuple(frames)[-MAX_FRAMES:]
-    return ThreadStack(
-        name[:MAX_TEXT],
-        idle,
-        tuple(Frame(f.function[:MAX_TEXT], f.file[:MAX_TEXT], f.line) for f in kept),
-    )
+    return ThreadStack(name[:MAX_TEXT], idle, tuple(_bounded(f) for f in kept))
+
+
+def _bounded(frame: Frame) -> Frame:
+    if len(frame.function) <= MAX_TEXT and len(frame.file) <= MAX_TEXT:
+        return frame  # frozen: the same object will do
+    return Frame(frame.function[:MAX_TEXT], frame.file[:MAX_TEXT], frame.line)
 
 
 def rank_stack(
@@ -128,10 +130,22 @@ def _thread(item: object) -> ThreadStack:
     )
 
 
+# Frames already made from JSON, by (function, file, line): the ranks of a job share most of
+# theirs, so 32K ranks' stacks hold each distinct frame once (and compare by identity first).
+_FRAMES: dict[tuple[str, str, int], Frame] = {}
+_FRAMES_KEPT = 1 << 16
+
+
 def _frame(item: object) -> Frame:
     if not isinstance(item, list) or len(item) != 3:
         raise ValueError("stack record: a frame is not [function, file, line]")
-    return Frame(_text(item[0], "function"), _text(item[1], "file"), _int(item[2], "line"))
+    key = (_text(item[0], "function"), _text(item[1], "file"), _int(item[2], "line"))
+    found = _FRAMES.get(key)
+    if found is None:
+        if len(_FRAMES) >= _FRAMES_KEPT:
+            _FRAMES.clear()
+        found = _FRAMES[key] = Frame(*key)
+    return found
 
 
 def _text(value: object, what: str) -> str:

@@ -35,10 +35,10 @@ _REMAP = 2.0  # seconds between re-reads of the rank → host sources while a ra
 class _Followed:
     """Reading state of one shown file."""
 
-    def __init__(self, file: RankFile, path: str, offset: int) -> None:
+    def __init__(self, file: RankFile, path: str, offset: int | None) -> None:
         self.file = file
         self.path = path
-        self.offset = offset
+        self.offset = offset  # None: the last --lines lines, found when the file is first read
         self.partial = b""
         self.grown = time.monotonic()
 
@@ -145,11 +145,11 @@ class Tail:
             f.file.rank not in self.where for f in self.ordered
         )
 
-    def _start_offset(self, path: str) -> int:
-        """Where a newly seen file is read from: its start, or its last --lines lines at startup."""
+    def _start_offset(self, path: str) -> int | None:
+        """A new file's start, or at startup its last --lines lines (None: `_read` finds them)."""
         if self.command.lines is None or self.started:
             return 0
-        return last_lines_offset(path, self.command.lines)
+        return None
 
     def _load_where(self, names: list[str]) -> None:
         now = time.monotonic()
@@ -169,7 +169,7 @@ class Tail:
         if not stat.S_ISREG(st.st_mode):  # a FIFO or a directory named like a rank file
             return False
         size = st.st_size
-        if size < followed.offset:  # truncated or replaced: start over
+        if followed.offset is not None and size < followed.offset:  # truncated or replaced
             followed.offset, followed.partial = 0, b""
         if size == followed.offset:
             if followed.partial and now - followed.grown >= _STALE:
@@ -177,9 +177,11 @@ class Tail:
                 followed.partial = b""
             return False
         followed.grown = now
-        limit = size if to_eof else min(size, followed.offset + _CHUNK)
         try:
             with open_regular(followed.path) as f:
+                if followed.offset is None:
+                    followed.offset = lines_offset(f, self.command.lines or 0)
+                limit = size if to_eof else min(size, followed.offset + _CHUNK)
                 f.seek(followed.offset)
                 while followed.offset < limit:
                     data = f.read(min(_CHUNK, limit - followed.offset))
@@ -224,20 +226,25 @@ def last_lines_offset(path: str, count: int) -> int:
     except OSError:
         return 0
     with f:
-        end = f.seek(0, os.SEEK_END)
-        if count == 0:
-            return end
-        position, seen = end, 0
-        while position > 0:
-            step = min(1 << 16, position)
-            position -= step
-            f.seek(position)
-            block = f.read(step)
-            if position + step == end and block.endswith(b"\n"):
-                block = block[:-1]  # the file's last newline ends the last line, not a new one
-            index = len(block)
-            while (index := block.rfind(b"\n", 0, index)) >= 0:
-                seen += 1
-                if seen == count:
-                    return position + index + 1
-        return 0
+        return lines_offset(f, count)
+
+
+def lines_offset(f: BinaryIO, count: int) -> int:
+    """`last_lines_offset` of a file already open (its position is left anywhere)."""
+    end = f.seek(0, os.SEEK_END)
+    if count == 0:
+        return end
+    position, seen = end, 0
+    while position > 0:
+        step = min(1 << 16, position)
+        position -= step
+        f.seek(position)
+        block = f.read(step)
+        if position + step == end and block.endswith(b"\n"):
+            block = block[:-1]  # the file's last newline ends the last line, not a new one
+        index = len(block)
+        while (index := block.rfind(b"\n", 0, index)) >= 0:
+            seen += 1
+            if seen == count:
+                return position + index + 1
+    return 0

@@ -10,6 +10,7 @@ from typing import Any, BinaryIO
 
 from agent.errors import AgentError
 from agent.logs.logdir import check_dir, read_json
+from agent.logs.rank_table import RankTable
 from agent.logs.selection import LogsCommand, Selection, safe_text, selected
 from agent.plan.ranks import FR_DUMP_PREFIX
 from agent.run.summary import cause_line
@@ -19,7 +20,6 @@ def summary_view(summary: Mapping[str, Any], selection: Selection) -> list[Any]:
     """rich renderables: verdict, root cause (with its traceback or stderr), then every rank.
     Every value comes from the file: shown as plain Text (no rich markup), control codes escaped."""
     from rich.panel import Panel
-    from rich.table import Table
     from rich.text import Text
 
     attempts = [a for a in _listed(summary.get("attempts")) if isinstance(a, dict)]
@@ -55,19 +55,11 @@ def summary_view(summary: Mapping[str, Any], selection: Selection) -> list[Any]:
         )
     if attempts:
         number = attempts[-1].get("attempt", len(attempts) - 1)
-        table = Table(
-            "rank",
-            "host",
-            "node",
-            "state",
-            "how",
-            "seconds",
-            title=Text(f"attempt {safe_text(number)}"),
-        )
-        for rank in _shown_ranks(_listed(attempts[-1].get("ranks")), selection):
-            cells = [Text(cell) for cell in _rank_row(rank)]
-            table.add_row(*cells, style=_STATE_STYLE.get(str(rank.get("state")), ""))
-        view.append(table)
+        rows = [
+            (_rank_row(rank), _STATE_STYLE.get(str(rank.get("state")), ""))
+            for rank in _shown_ranks(_listed(attempts[-1].get("ranks")), selection)
+        ]
+        view.append(RankTable(f"attempt {safe_text(number)}", rows))
     return view
 
 
@@ -160,14 +152,40 @@ def show_summary(command: LogsCommand, out: BinaryIO, colour: bool) -> int:
     console = Console(
         file=io.StringIO(), force_terminal=colour, no_color=not colour, width=width, highlight=False
     )
-    with console.capture() as captured:
-        for part in summary_view(summary, command.selection):
+    paint = _painter(console) if colour else None
+    pieces: list[str] = []
+    for part in summary_view(summary, command.selection):
+        lines = part.lines(width, paint) if isinstance(part, RankTable) else None
+        if lines is not None:  # the rank table, drawn directly: 32K rows in ~0.1 s
+            pieces.append("\n".join(lines) + "\n")
+            continue
+        with console.capture() as captured:
             console.print(part)
+        pieces.append(captured.get())
+    with console.capture() as captured:
         dumps = flight_recorder_dumps(command.log_dir)
         if dumps:
             console.print(f"NCCL flight recorder dumps ({len(dumps)}):")
             for name in dumps:
                 console.print("  " + safe_text(os.path.join(command.log_dir, name)), markup=False)
-    out.write(captured.get().encode())
+    pieces.append(captured.get())
+    out.write("".join(pieces).encode())
     out.flush()
     return 0
+
+
+def _painter(console: Any) -> Any:
+    """text, style → the text as this console would colour it."""
+    from rich.console import COLOR_SYSTEMS
+    from rich.style import Style
+
+    system = COLOR_SYSTEMS.get(console.color_system or "")
+    styles: dict[str, Style] = {}
+
+    def paint(text: str, name: str) -> str:
+        style = styles.get(name)
+        if style is None:
+            style = styles[name] = Style.parse(name)
+        return style.render(text, color_system=system)
+
+    return paint

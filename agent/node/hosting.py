@@ -1,0 +1,45 @@
+"""What node 0 asks of the OS to host the job store: file descriptors for thousands of agents'
+connections, a port probe, IP literals told from host names."""
+
+from __future__ import annotations
+
+import ipaddress
+import resource
+import socket
+
+# Connections node 0's server holds per agent: main, failure reports, heartbeat, and during an
+# attempt its abort watcher and stacks desk.
+FDS_PER_AGENT = 5
+
+
+def raise_fd_limit(agents: int) -> tuple[int, int]:
+    """Node 0 serves every agent's connections (FDS_PER_AGENT each): 4,096 nodes need ~20K file
+    descriptors, 200 already pass the soft limit many sites keep (1024). Raise the soft limit
+    as far as this job needs (and the hard limit allows) — only then, since node 0's ranks
+    inherit it; returns (soft before, soft now)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    needed = FDS_PER_AGENT * agents + 1024  # + the agent's own files, pipes, ranks' streams
+    wanted = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+        except (ValueError, OSError):
+            return soft, soft
+        return soft, wanted
+    return soft, soft
+
+
+def is_ip(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
+
+
+def probe_port(port: int) -> int:
+    """Bind `port` (0: any) and let it go: the port a one-agent job's rank 0 will bind."""
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as TCPStore binds it
+        probe.bind(("", port))
+        return probe.getsockname()[1]

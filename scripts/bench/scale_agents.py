@@ -1,0 +1,489 @@
+"""One process of the scale harness: node 0's agent, or a slice of the other agents as threads.
+
+    scale_agents.py leader    N PORT LOG_DIR SCRIPT CONFIG
+    scale_agents.py followers N PORT LOG_DIR LO HI
+
+Every agent is a real `agent.node.agent.NodeAgent` on the real store (node 0's agent hosts it in
+the leader process) and runs the real protocol: connect (secret check, claim), meet (join
+barrier, heartbeats), execute (plan received, prepared, barrier, attempt: abort watcher, stacks
+desk, supervisor, result, node 0's verdict and summary.json), leave. Only the ranks are fake
+(`fake_spawn`): 8 per node, never started, each a `Worker` whose exit is an event on the agent's
+queue: a rank "fails" when the driver says so, and every rank "dies" as soon as its supervisor
+tears it down (marks it terminated), which is when that agent has seen the abort.
+
+The driver (scale_e2e.py) talks to each process over stdin/stdout, one JSON object a line:
+it reads {"ready"}, writes "go"; reads {"spawned"} (every local agent started its fake ranks);
+writes "abort K" (agent K's rank fails; every process gets the line); reads {"seen"} and
+{"done"}. Times are time.monotonic(), which is one clock for every process of the machine.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import queue
+import resource
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+# Thousands of agent threads per process: small stacks (the agent's threads recurse little).
+threading.stack_size(512 << 10)
+# Each real agent has its interpreter to itself. Here ~100 share one: threads waiting for the
+# interpreter lock each wake every switch interval (5 ms) to ask for it, which with thousands of
+# threads on 2 cores is most of the machine's time; the agent's threads mostly block in I/O,
+# which hands the lock over at once, so a longer interval costs them little.
+sys.setswitchinterval(float(os.environ.get("LA_SCALE_SWITCH", "0.05")))
+
+from agent.errors import AgentError, PeerFailed  # noqa: E402
+from agent.node.agent import NodeAgent, NodeSettings  # noqa: E402
+from agent.plan.run_plan import Request, decide  # noqa: E402
+from agent.plan.topology import read_topology  # noqa: E402
+from agent.run import outputs  # noqa: E402
+from agent.run.workers import RankExited, Worker  # noqa: E402
+from agent.world import World  # noqa: E402
+
+SECRET = b"scale-bench-secret-0123456789abcdef"
+NPROC = 8
+# Above any pid_max (at most 2^22): killpg() and psutil on a fake rank find nothing there.
+PID_BASE = 1 << 30
+WAIT = 300.0  # seconds any phase may take before the process reports what it has
+SETTINGS = NodeSettings(
+    rdzv_timeout=240.0, heartbeat_timeout=float(os.environ.get("LA_SCALE_HEARTBEAT_TIMEOUT", "6"))
+)
+SHARED_REPORTS = os.environ.get("LA_SCALE_SHARED_REPORTS") == "1"
+
+
+def preload() -> float:
+    """Import now what the agent imports lazily on its way (a real agent pays this once per node,
+    in parallel with every other node; N agent threads here would queue on the import lock)."""
+    import importlib
+    import pkgutil
+
+    import agent
+
+    t = time.monotonic()
+    for package in ("node", "run", "hang", "console", "plan", "logs"):
+        mod = importlib.import_module(f"agent.{package}")
+        for info in pkgutil.iter_modules(mod.__path__):
+            if info.name not in ("child", "numa_apply"):  # exec-wrapper side only
+                importlib.import_module(f"agent.{package}.{info.name}")
+    import psutil  # noqa: F401  (the supervisor's process scans)
+
+    del agent
+    return time.monotonic() - t
+
+
+def raise_fd_limit() -> int:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    return hard
+
+
+class ScaleAgent(NodeAgent):
+    """The real agent; only `names` is built once per process instead of once per use.
+
+    `NodeAgent.names` formats one string per agent each time it is read (4 times per agent
+    while joining): O(N) per node, i.e. nothing for one real node, but O(N^2) for N agents
+    sharing this machine's 2 cores (67 M strings at 4,096). Every agent here has the same hosts,
+    so they share one list."""
+
+    _shared: dict[tuple[str, ...], list[str]] = {}
+    _lock = threading.Lock()
+
+    def connect(self) -> None:
+        super().connect()
+        if SHARED_REPORTS and self.reporter is not None and not self.leader:
+            # Node 0 serves 5 connections per agent; 4,096 agents need more than this machine's
+            # 20,000 file descriptors. Here a peer's failure reports share its main connection
+            # (idle while its supervisor runs): 4 per agent, as proposal P1 would make it.
+            side, self.reporter._side = self.reporter._side, None
+            side._client.close()
+
+    @property
+    def names(self) -> list[str]:
+        key = self.world.hosts
+        with self._lock:
+            found = self._shared.get(key)
+            if found is None:
+                found = self._shared[key] = NodeAgent.names.fget(self)  # type: ignore[attr-defined]
+        return found
+
+
+def _retried(prepare_log_dir: Any) -> Any:
+    """outputs.prepare_log_dir proves the log dir writable with a probe file named after the pid:
+    agents that share a process (threads here) can unlink each other's probe, which it reports as
+    an unwritable log dir. The real function runs; an agent that lost that race tries again (a
+    lock instead would queue hundreds of threads behind each other's file system calls)."""
+
+    def retried(path: str) -> str:
+        slot = BY_THREAD.get(threading.get_ident())
+        if slot is not None and slot.received is None:  # prepare() has the plan, opened
+            slot.received = time.monotonic()
+            slot.cpu["received"] = time.thread_time()
+        for _ in range(50):
+            try:
+                return prepare_log_dir(path)
+            except AgentError as exc:
+                if "No such file" not in exc.message:
+                    raise
+        return prepare_log_dir(path)
+
+    return retried
+
+
+outputs.prepare_log_dir = _retried(outputs.prepare_log_dir)
+
+
+# -- fake ranks -----------------------------------------------------------------------------
+class FakeStream:
+    """What the supervisor reads of a rank's pipe: drained, with a last stderr line."""
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.done.set()
+        self.tail = collections.deque([b"fake rank: simulated failure\n"])
+        self.last_output = self.last_progress = time.monotonic()
+
+
+class FakeProc:
+    def __init__(self, pid: int) -> None:
+        self.pid, self.returncode = pid, None
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        return self.returncode
+
+
+class FakeWorker(Worker):
+    """A Worker that tells its node when the supervisor marks it terminated (the teardown)."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        object.__setattr__(self, name, value)
+        if name == "terminated" and value and "node" in self.__dict__:
+            self.node.torn_down(self)
+
+
+class FakeNode:
+    """One agent's fake ranks for the current attempt."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.events: queue.SimpleQueue | None = None
+        self.workers: list[FakeWorker] = []
+        self.exited: set[int] = set()
+        self.doomed: list[int] = []
+        self.spawned_at: float | None = None
+        self.seen_at: float | None = None
+
+    def spawn(self, specs, base_env, router, prefix_for, console, events, cwd=None, warm=None):
+        stream = FakeStream()
+        now = time.time()
+        workers = []
+        for spec in specs:
+            worker = FakeWorker(spec, FakeProc(PID_BASE + spec.rank), now, stream, stream)
+            worker.node = self
+            workers.append(worker)
+        with self.lock:
+            self.events, self.workers, self.exited = events, workers, set()
+            self.spawned_at = time.monotonic()
+            self.cpu_at_spawn = time.thread_time()
+        MARKS.note()
+        return workers
+
+    def fail(self) -> float:
+        """Local rank 0 exits with code 1 (the job's first failure)."""
+        at = time.monotonic()
+        self._exit(0, 1)
+        return at
+
+    def torn_down(self, worker: FakeWorker) -> None:
+        """The supervisor tore this rank down: this agent has seen the abort. The rank dies when
+        the driver releases every node (so the node's own teardown work does not compete with
+        the agents still being woken: here they share 2 cores, on a cluster each has its own)."""
+        index = self.workers.index(worker)
+        with self.lock:
+            if self.seen_at is None:
+                self.seen_at = time.monotonic()
+            self.doomed.append(index)
+            released = RELEASED.is_set()
+        MARKS.note()
+        if released:
+            self.release()
+
+    def release(self) -> None:
+        with self.lock:
+            doomed, self.doomed = self.doomed, []
+        for index in doomed:
+            self._exit(index, -15)
+
+    def _exit(self, index: int, code: int) -> None:
+        with self.lock:
+            if index in self.exited or self.events is None:
+                return
+            self.exited.add(index)
+            events = self.events
+        events.put(RankExited(index, code, time.time()))
+
+
+class Marks:
+    """Wakes the main thread whenever an agent reaches a milestone."""
+
+    def __init__(self) -> None:
+        self.changed = threading.Condition()
+
+    def note(self) -> None:
+        with self.changed:
+            self.changed.notify_all()
+
+    def wait_until(self, predicate, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        with self.changed:
+            while not predicate():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self.changed.wait(min(left, 1.0))
+        return True
+
+
+MARKS = Marks()
+RELEASED = threading.Event()
+
+
+# -- one agent ----------------------------------------------------------------------------
+class Slot:
+    """One simulated node: its agent, fake ranks and milestones."""
+
+    def __init__(self, world: World) -> None:
+        self.index = world.agent_index
+        self.agent = ScaleAgent(
+            world=world, settings=SETTINGS, secret=SECRET, environ={"PATH": os.defpath}
+        )
+        self.node = FakeNode()
+        self.joined: float | None = None
+        self.received: float | None = None  # the plan received, opened, parsed, checked
+        self.planned: float | None = None  # and the log dir and resolved config written
+        self.cpu: dict[str, float] = {}  # this agent's main thread: CPU seconds at milestones
+        self.finished: float | None = None
+        self.left: float | None = None
+        self.code: int | None = None
+        self.error: str | None = None
+
+    def topology(self, _root: str) -> Any:
+        """prepare() reads the topology right after the plan arrived: the payload is here."""
+        if self.planned is None:
+            self.planned = time.monotonic()
+            self.cpu["planned"] = time.thread_time()
+        return TOPOLOGY
+
+    def run(self, go: threading.Event, plan: Any = None) -> None:
+        agent = self.agent
+        profile = None
+        try:
+            go.wait()
+            if PROFILE_DIR:  # LA_SCALE_PROFILE=DIR: each agent's main thread, cProfile
+                import cProfile
+
+                profile = cProfile.Profile()
+                profile.enable()
+            BY_THREAD[threading.get_ident()] = self
+            self.cpu["start"] = time.thread_time()
+            if not agent.leader:
+                agent.connect()
+            agent.meet()
+            self.joined = time.monotonic()
+            self.cpu["joined"] = time.thread_time()
+            self.code = agent.execute(0, plan, self.topology, spawn=self.node.spawn)
+            self.finished = time.monotonic()
+            agent.leave()
+            self.left = time.monotonic()
+        except BaseException as exc:  # reported to the driver, never hidden
+            self.error = f"{type(exc).__name__}: {exc}"[:400]
+            if os.environ.get("LA_SCALE_TRACE"):
+                traceback.print_exc()
+            if isinstance(exc, AgentError):  # as launch.oneshot: told, unless a peer's failure
+                own = not isinstance(exc, PeerFailed)
+                record = {"kind": "setup", "node_rank": self.index, "how": exc.message}
+                agent.farewell(record if own else None, exc.message, everyone=own)
+        finally:
+            if profile is not None:
+                profile.disable()
+                PROFILES.append(profile)
+            agent.close()
+            MARKS.note()
+
+
+TOPOLOGY: Any = None
+BY_THREAD: dict[int, Slot] = {}  # agent thread → its slot
+PROFILE_DIR = os.environ.get("LA_SCALE_PROFILE")
+PROFILES: list[Any] = []
+
+
+def world_of(n: int, index: int, port: int, hosts: tuple[str, ...]) -> World:
+    return World(
+        source="slurm",
+        job_id="scale",
+        step_id="0",
+        nnodes=n,
+        node_rank=index,
+        hosts=hosts,
+        host=hosts[index],
+        master_addr="127.0.0.1",
+        master_port=port,
+    )
+
+
+def _phase_cpu(slots: list[Slot]) -> dict[str, list[float]]:
+    """Each agent's main-thread CPU per phase (thread_time: no time spent waiting for the GIL)."""
+    out: dict[str, list[float]] = {"join": [], "payload": [], "plan": [], "start": []}
+    for s in slots:
+        cpu, spawned = s.cpu, getattr(s.node, "cpu_at_spawn", None)
+        if "joined" in cpu:
+            out["join"].append(cpu["joined"] - cpu["start"])
+        if "received" in cpu and "joined" in cpu:
+            out["payload"].append(cpu["received"] - cpu["joined"])
+        if "planned" in cpu and "received" in cpu:
+            out["plan"].append(cpu["planned"] - cpu["received"])
+        if spawned is not None and "planned" in cpu:
+            out["start"].append(spawned - cpu["planned"])
+    return out
+
+
+def emit(**record: Any) -> None:
+    sys.stdout.write(json.dumps(record) + "\n")
+    sys.stdout.flush()
+
+
+def fd_kinds() -> dict[str, int]:
+    kinds: collections.Counter[str] = collections.Counter()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        kinds[target.split(":", 1)[0] if ":" in target else "file"] += 1
+    return dict(kinds)
+
+
+def observe(n: int, port: int) -> int:
+    """The driver's eyes on the store (a client of its own, like `agent status` would be): when
+    the abort record, every node's result, and node 0's verdict appeared."""
+    from agent.node.store import Endpoint, Store
+    from agent.node.trust import JobKeys
+
+    ns = JobKeys.derive(SECRET, "scale", "0").namespace
+    store = Store.connect(Endpoint("127.0.0.1", port), ns, 30.0, "node 0's agent")
+    emit(ready=os.getpid())
+    sys.stdin.readline()
+    for name, keys in (
+        ("abort_at", ["abort"]),
+        ("results_at", [f"result/{i}" for i in range(n)]),
+        ("verdict_at", ["verdict"]),
+    ):
+        ok = store.wait([store.key("r0/a0", k) for k in keys], WAIT)
+        emit(**{name: time.monotonic() if ok else None})
+    os._exit(0)
+
+
+def main(argv: list[str]) -> int:
+    global TOPOLOGY
+    role, n, port = argv[0], int(argv[1]), int(argv[2])
+    if role == "observer":
+        return observe(n, port)
+    log_dir = argv[3]
+    limit = raise_fd_limit()
+    imports = preload()
+    if os.environ.get("LA_SCALE_TRACE"):
+        import logging
+
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(threadName)s %(message)s")
+    TOPOLOGY = read_topology(Path("/"))
+    hosts = tuple(f"node{i:04d}" for i in range(n))
+    go = threading.Event()
+    if role == "leader":
+        script, config = argv[4], argv[5]
+        slot = Slot(world_of(n, 0, port, hosts))
+        slot.agent.connect()  # hosts the store
+        given = {
+            "nproc_per_node": str(NPROC),
+            "numa_binding": "off",
+            "console_ranks": "none",
+            "live": False,
+            "log_dir": log_dir,
+        }
+        request = Request(script, (config,), (), (), given)
+        plan = decide(request, slot.agent.world, slot.topology)
+        slot.planned = None
+        slot.agent.offer(0, plan)
+        slots = [slot]
+        threads = [threading.Thread(target=slot.run, args=(go, plan), daemon=True)]
+    else:
+        lo, hi = int(argv[4]), int(argv[5])
+        slots = [Slot(world_of(n, i, port, hosts)) for i in range(lo, hi)]
+        threads = [threading.Thread(target=s.run, args=(go,), daemon=True) for s in slots]
+    for thread in threads:
+        thread.start()
+    emit(ready=os.getpid(), agents=len(slots), fd_limit=limit, imports_s=imports)
+    by_index = {s.index: s for s in slots}
+
+    def settled(attr: str) -> bool:
+        return all(getattr(s.node, attr) is not None or s.error or s.left for s in slots)
+
+    for line in sys.stdin:
+        words = line.split()
+        if not words:
+            continue
+        if words[0] == "go":
+            go.set()
+            ok = MARKS.wait_until(lambda: settled("spawned_at"), WAIT)
+            emit(
+                spawned=ok,
+                joined=[s.joined for s in slots],
+                received=[s.received for s in slots],
+                planned=[s.planned for s in slots],
+                started=[s.node.spawned_at for s in slots],
+                errors=[s.error for s in slots if s.error][:5],
+                fds=fd_kinds(),
+                threads=threading.active_count(),
+                names={t.native_id: t.name for t in threading.enumerate()}
+                if role == "leader"
+                else {},
+                cpu=_phase_cpu(slots),
+            )
+        elif words[0] == "abort":
+            target = by_index.get(int(words[1]))
+            failed_at = target.node.fail() if target is not None else None
+            ok = MARKS.wait_until(lambda: settled("seen_at"), WAIT)
+            emit(seen=ok, failed_at=failed_at, at=[s.node.seen_at for s in slots])
+        elif words[0] == "release":
+            RELEASED.set()
+            for s in slots:
+                s.node.release()
+            for thread in threads:
+                thread.join(max(0.0, WAIT))
+            if PROFILES:
+                import pstats
+
+                pstats.Stats(*PROFILES).dump_stats(f"{PROFILE_DIR}/{role}-{os.getpid()}.prof")
+            emit(
+                done=all(not t.is_alive() for t in threads),
+                finished=[s.finished for s in slots],
+                left=[s.left for s in slots],
+                codes=collections.Counter(str(s.code) for s in slots),
+                errors=[s.error for s in slots if s.error][:5],
+            )
+            break
+    sys.stdout.flush()
+    os._exit(0)  # agent threads are daemons; do not wait on anything at exit
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
