@@ -86,12 +86,11 @@ def raise_fd_limit() -> int:
 
 
 class ScaleAgent(NodeAgent):
-    """The real agent; only `names` is built once per process instead of once per use.
+    """The real agent; only `names` is built once per process instead of once per agent.
 
-    `NodeAgent.names` formats one string per agent each time it is read (4 times per agent
-    while joining): O(N) per node, i.e. nothing for one real node, but O(N^2) for N agents
-    sharing this machine's 2 cores (67 M strings at 4,096). Every agent here has the same hosts,
-    so they share one list."""
+    `NodeAgent.names` is N strings, built once per agent: nothing for one real node, but O(N^2)
+    for N agents sharing this machine (16 M strings at 4,096). Every agent here has the same
+    hosts, so they share one list."""
 
     _shared: dict[tuple[str, ...], list[str]] = {}
     _lock = threading.Lock()
@@ -111,7 +110,7 @@ class ScaleAgent(NodeAgent):
         with self._lock:
             found = self._shared.get(key)
             if found is None:
-                found = self._shared[key] = NodeAgent.names.fget(self)  # type: ignore[attr-defined]
+                found = self._shared[key] = NodeAgent.names.func(self)  # type: ignore[attr-defined]
         return found
 
 
