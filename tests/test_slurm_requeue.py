@@ -70,7 +70,11 @@ def test_requeue_checkpoints_on_usr2_and_resumes(slurm, tmp_path):
         # the time-limit warning: USR2 to the batch shell only (not to srun, not to the ranks)
         subprocess.run(["scancel", "--batch", "--signal=USR2", job], check=True, timeout=30)
         checkpoints = [work / f"checkpoint-{rank}" for rank in range(2)]
-        wait_for(lambda: all(p.exists() for p in checkpoints), 90, "checkpoints", interval=0.2)
+        try:
+            wait_for(lambda: all(p.exists() for p in checkpoints), 90, "checkpoints", interval=0.2)
+        except AssertionError:
+            logs = "\n".join(f"--- {p}\n{p.read_text()[-3000:]}" for p in tmp_path.rglob("*.log"))
+            raise AssertionError(f"no checkpoints:\n{log.read_text()[-3000:]}\n{logs}") from None
         wait_for(
             lambda: (
                 job_state(job).get("Restarts") == "1"
