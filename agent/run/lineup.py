@@ -9,7 +9,6 @@ changed shape, or why the job cannot go on.
 
 from __future__ import annotations
 
-import queue
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
@@ -147,15 +146,11 @@ def await_key(scope: Scope, name: str, events: Any, fatal: Callable[[dict], bool
     """Wait for `name` as long as it takes, answering to signals (the wait is a Python socket
     read), to node 0 vanishing (the heartbeat's StoreLost event) and to a failure in the scope
     that ends the wait (`fatal`), each within a second."""
-    from agent.run.supervisor import StoreLost
+    from agent.run.supervisor import StoreLost, drained
 
     key = scope.key(name)
     while not scope.store.wait([key], 1.0):
-        while True:
-            try:
-                event = events.get_nowait()
-            except queue.Empty:
-                break
+        for event in drained(events):
             if isinstance(event, StoreLost):
                 raise AgentError(f"{event.why}: node 0's agent is gone", ExitCode.RENDEZVOUS)
         failure = scope.failure()

@@ -31,6 +31,16 @@ class StoreLost:
     why: str
 
 
+def drained(events: Any) -> list[Any]:
+    """Every event waiting on a SimpleQueue, without blocking (for waits outside a supervisor)."""
+    found = []
+    while True:
+        try:
+            found.append(events.get_nowait())
+        except queue.Empty:
+            return found
+
+
 @dataclass
 class Outcome:
     exits: list[RankExit]

@@ -7,7 +7,6 @@ The next run's scope (`r<N>`) is where everything reaches a waiting agent: its p
 from __future__ import annotations
 
 import logging
-import queue
 import time
 from collections.abc import Callable
 from typing import Any
@@ -16,7 +15,7 @@ from agent.errors import AgentError, ExitCode, PeerFailed
 from agent.node.agent import NodeAgent
 from agent.node.scope import Scope
 from agent.node.signals import Interrupted
-from agent.run.supervisor import StoreLost
+from agent.run.supervisor import StoreLost, drained
 from agent.run.warm_source import WarmSource
 from agent.serve import wire
 from agent.serve.relay import ChannelOut
@@ -53,18 +52,9 @@ def follow(agent: NodeAgent, warm: WarmSource, read_topology: Callable[[str], An
 def _await(agent: NodeAgent, scope: Scope) -> None:
     key = scope.key("plan")
     while not scope.store.wait([key], 1.0):
-        for event in _drained(agent.events):
+        for event in drained(agent.events):
             if isinstance(event, StoreLost):
                 raise AgentError(f"{event.why}: node 0's agent is gone", ExitCode.RENDEZVOUS)
-
-
-def _drained(events: Any) -> list[Any]:
-    found = []
-    while True:
-        try:
-            found.append(events.get_nowait())
-        except queue.Empty:
-            return found
 
 
 def _open_feed(agent: NodeAgent) -> wire.Channel | None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import os
-import queue
 import time
 from collections.abc import Callable
 from typing import Any
@@ -20,7 +19,7 @@ from agent.node.agent import NodeAgent
 from agent.node.signals import Interrupted
 from agent.plan.client_env import client_env
 from agent.plan.run_plan import Request, RunPlan, decide
-from agent.run.supervisor import StoreLost
+from agent.run.supervisor import StoreLost, drained
 from agent.run.warm_source import WarmSource
 from agent.serve import wire
 from agent.serve.cli import parse_run
@@ -154,16 +153,9 @@ def _default_log_dir(cwd: str, job_id: str, number: int) -> str:
 
 def drain(events: Any) -> None:
     """Drop what a finished run left on the event queue (a lost store stays: it matters)."""
-    kept = []
-    while True:
-        try:
-            event = events.get_nowait()
-        except queue.Empty:
-            break
+    for event in drained(events):
         if isinstance(event, StoreLost):
-            kept.append(event)
-    for event in kept:
-        events.put(event)
+            events.put(event)
 
 
 def _send(channel: wire.Channel, message: dict[str, Any]) -> None:
