@@ -105,6 +105,8 @@ def test_requeue_checkpoints_on_usr2_and_resumes(slurm, tmp_path):
         assert state["JobState"] == "COMPLETED" and state["ExitCode"] == "0:0", output
         assert state["Restarts"] == "1", state
         for rank in range(2):
+            # once: the agents must not pass on what Slurm's proctrack/linuxproc gave the ranks
+            assert (work / f"checkpoint-{rank}").read_text().endswith(" warnings 1\n"), output
             assert (
                 (work / f"resumed-{rank}")
                 .read_text()

@@ -66,7 +66,7 @@ def _spec(rank: int) -> RankSpec:
     )
 
 
-def _supervisor(events, processes, reports, grace=5.0, attempt=0):
+def _supervisor(events, processes, reports, grace=5.0, attempt=0, slurm_signals_ranks=False):
     specs = [_spec(r) for r in range(3)]
 
     def report(record):
@@ -81,6 +81,7 @@ def _supervisor(events, processes, reports, grace=5.0, attempt=0):
         grace=grace,
         hang_warning=1e9,
         processes=processes,
+        slurm_signals_ranks=slurm_signals_ranks,
     )
     workers = [Worker(s, FakeProc(1000 + s.rank), 0.0, FakeStream(), FakeStream()) for s in specs]
     return sup, (lambda: workers)
@@ -137,6 +138,21 @@ def test_sigusr1_is_forwarded_and_the_attempt_goes_on():
     outcome = sup.run(start)
     assert procs.sent == [(0, signal.SIGUSR1), (1, signal.SIGUSR1), (2, signal.SIGUSR1)]
     assert set(_states(outcome).values()) == {"succeeded"} and outcome.signum is None
+
+
+def test_usr2_that_slurm_gave_every_rank_is_not_sent_again():
+    """Under proctrack/linuxproc the ranks got the step's USR2 from Slurm: a second copy could
+    kill a rank that checkpointed and is exiting. A client's USR2 (resident agents) and a stop
+    signal still go to the ranks."""
+    events, reports = queue.SimpleQueue(), []
+    procs = FakeProcesses(events)
+    sup, start = _supervisor(events, procs, reports, slurm_signals_ranks=True)
+    events.put(Signalled(signal.SIGUSR2))
+    events.put(Signalled(signal.SIGUSR1, "agent run's client"))
+    events.put(Signalled(signal.SIGTERM))
+    outcome = sup.run(start)
+    assert [s for _, s in procs.sent] == [signal.SIGUSR1] * 3 + [signal.SIGTERM] * 3
+    assert outcome.signum == signal.SIGTERM
 
 
 def test_sigint_to_the_agent_is_reported_and_reaches_ranks_as_sigint():

@@ -372,6 +372,21 @@ def test_killed_zygote_takes_its_ranks_along(light_zygote):
         zygote.fork([sys.executable, EXIT, "code", "0"], env, "/", None, None, False)
 
 
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGUSR2, signal.SIGINT])
+def test_a_signal_to_the_whole_step_ends_the_ranks_not_the_zygote(light_zygote, signum):
+    """Slurm's proctrack/linuxproc signals every process of a step, the zygote too: the zygote
+    lives on (else its ranks would die at once by PDEATHSIG), and each rank gets the signal with
+    the action a fresh `python script.py` has for it."""
+    zygote, env = light_zygote
+    rank = Rank(zygote, [EXIT, "wait"], env, str(FIXTURES))
+    rank.wait_for("waiting\n")
+    os.kill(zygote.pid, signum)
+    os.kill(rank.proc.pid, signum)
+    assert rank.finish()[0] == -signum
+    assert zygote.ready
+    assert warm(zygote, [EXIT, "code", "3"], env)[0] == 3
+
+
 AGENT = """
 import os, sys, time
 from agent.warm.zygote import Zygote

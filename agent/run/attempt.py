@@ -19,6 +19,7 @@ from agent.run import workers
 from agent.run.prepare import Prepared
 from agent.run.supervisor import AbortSeen, Outcome, StoreLost, Supervisor
 from agent.world import World
+from agent.world.proctrack import slurm_signals_ranks
 
 log = logging.getLogger("agent")
 WARM_WAIT = 120.0  # seconds a run waits for a warm interpreter that is still importing
@@ -56,6 +57,7 @@ def run_ranks(
         grace=plan.options.grace,
         hang_warning=plan.options.hang_warning,
         hang=_hang_watch(plan, scope, desk, attempt, world),
+        slurm_signals_ranks=slurm_signals_ranks(self.environ),
     )
     self.show_desk(desk)
     scope.watch(

@@ -69,8 +69,10 @@ class Supervisor:
         hang_warning: float,
         processes: w.Processes | None = None,
         hang: Any = None,  # agent.hang.watch.HangWatch when --hang-timeout is set
+        slurm_signals_ranks: bool = False,  # agent.world.proctrack: the ranks have it already
     ) -> None:
         self.hang = hang
+        self.slurm_signals_ranks = slurm_signals_ranks
         self.specs = specs
         self.procs = processes or w.Processes()
         self.attempt = attempt
@@ -166,6 +168,9 @@ class Supervisor:
 
     def _on_signal(self, signum: int, how: str | None = None) -> None:
         name = signal.Signals(signum).name
+        if signum not in STOP and how is None and self.slurm_signals_ranks:
+            log.info("%s: Slurm (proctrack/linuxproc) gave it to every rank already", name)
+            return
         if signum not in STOP:
             log.info("forwarding %s to every rank of this node", name)
             self.procs.signal_all(self.workers, signum)

@@ -14,6 +14,7 @@ from typing import Any
 
 from agent.warm.rank_start import Origin, become_rank
 
+IGNORED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 _MAX_FDS = 64  # per recvmsg; one request carries two, the kernel never merges two requests' fds
 
 
@@ -96,6 +97,11 @@ def serve(
     """Run the loop; returns only in a forked rank, after the rank's code ran."""
     loop = _Loop(control)
     origin = Origin(modules, fds, base_path, paths, output, loop.close_in_child)
+    # Only the agent ends the zygote (kill, or PDEATHSIG when it dies): a signal to the whole
+    # step (Slurm's proctrack/linuxproc signals every descendant) must not end it before its
+    # ranks, which would die at once by their PDEATHSIG instead of getting their grace period.
+    for signum in IGNORED:
+        signal.signal(signum, signal.SIG_IGN)  # Origin has the dispositions each rank gets back
     # A Python-level handler makes the C handler write to the wakeup fd; SIG_DFL would not.
     signal.signal(signal.SIGCHLD, lambda *_: None)
     signal.set_wakeup_fd(loop.wake_w, warn_on_full_buffer=False)
