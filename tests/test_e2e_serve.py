@@ -234,3 +234,43 @@ def test_sigterm_to_another_agent_between_runs_is_named_by_the_next_run(two):
     result = two.call("run", FIXTURE)
     assert result.returncode == 3
     assert "node 1 (127.0.0.2) left: agent received SIGTERM" in result.stderr, result.stderr
+
+
+def _hosts(directory) -> list[str]:
+    return [env["SLURMD_NODENAME"] for _, env in sorted(_envs(directory).items())]
+
+
+def test_a_spare_takes_the_place_of_a_node_lost_between_runs(tmp_path):
+    """Resident agents keep their roster: a node lost while idle is out of the next run, the
+    spare runs its ranks there, and once no spare is left the run after is refused."""
+    three = Serving(tmp_path, 3, ("--preload", "none", "--heartbeat-timeout", "2"))
+    try:
+        three.start().ready()
+        first, second, third = (tmp_path / name for name in ("first", "second", "third"))
+        for directory in (first, second, third):
+            directory.mkdir()
+        args = ["run", "--spares", "1", "--nproc-per-node", "1", FIXTURE, "--env-out"]
+        assert three.call(*args, str(first)).returncode == 0
+        assert _hosts(first) == ["127.0.0.1", "127.0.0.2"]
+
+        os.killpg(three.agents[1].proc.pid, signal.SIGKILL)
+        wait_for(lambda: " lost " in three.status().stdout, 30, "node 0 to notice", interval=0.3)
+        result = three.call(*args, str(second))
+        assert result.returncode == 0, result.stderr
+        assert _hosts(second) == ["127.0.0.1", "127.0.0.3"]
+        assert [_envs(second)[r]["RANK"] for r in range(2)] == ["0", "1"]
+        summary = json.loads(next(tmp_path.glob("logs/*.run1/summary.json")).read_text())
+        (excluded,) = summary["excluded"]
+        assert excluded["host"] == "127.0.0.2" and "lost" in excluded["why"]
+
+        os.killpg(three.agents[2].proc.pid, signal.SIGKILL)
+        wait_for(
+            lambda: three.status().stdout.count(" lost ") == 2, 30, "the second loss", interval=0.3
+        )
+        refused = three.call(*args, str(third))
+        assert refused.returncode == 3, refused.stderr
+        assert "node 2 (127.0.0.3) lost" in refused.stderr
+        assert "no spare left to take its place" in refused.stderr
+        assert not list(third.iterdir()), "nothing may start"
+    finally:
+        three.kill()

@@ -7,6 +7,7 @@ import os
 import signal
 import time
 
+import pytest
 from cluster import FIXTURE, job_processes, wait_for
 
 QUICK = ["--nproc-per-node", "2", "--heartbeat-timeout", "2", "--grace", "1"]
@@ -203,3 +204,33 @@ def test_a_signalled_spare_leaves_at_once_and_the_job_goes_on(cluster_factory, t
     done.touch()
     assert cluster.wait(60)[:2] == [0, 0], cluster.dump()
     assert cluster.summary()["exit_code"] == 0
+
+
+def _slow_check(tmp_path) -> str:
+    """A --health-check that says it started (a file per host), then hangs."""
+    check = tmp_path / "slow-check.sh"
+    check.write_text(f'#!/bin/sh\ntouch "{tmp_path}/checking-$SLURMD_NODENAME"\nexec sleep 120\n')
+    check.chmod(0o755)
+    return str(check)
+
+
+@pytest.mark.parametrize("node", [0, 1])
+def test_a_stop_signal_in_the_roll_call_ends_every_agent(cluster_factory, tmp_path, node):
+    """The roll call is a phase like any other: a SIGTERM while the health checks run ends the
+    signalled agent with 143 and every other within seconds (not after --health-timeout), and
+    no health check is left running."""
+    check = _slow_check(tmp_path)
+    args = ["--health-check", check, "--health-timeout", "300", *QUICK, FIXTURE]
+    cluster = cluster_factory(3).start([*args, "--ready-to", str(tmp_path)])
+    hosts = [f"127.0.0.{i}" for i in (1, 2, 3)]
+    wait_for(lambda: all((tmp_path / f"checking-{h}").exists() for h in hosts), 60, "every check")
+    start = time.monotonic()
+    os.kill(cluster.agents[node].proc.pid, signal.SIGTERM)
+    codes = cluster.wait(60)
+    took = time.monotonic() - start
+    print(f"SIGTERM to node {node} in the roll call -> every agent gone: {took:.2f}s")
+    assert took < 10, f"took {took:.1f}s\n{cluster.dump()}"
+    assert codes[node] == 128 + signal.SIGTERM, cluster.dump()
+    assert all(code != 0 for code in codes), cluster.dump()
+    assert not list(tmp_path.glob("ready-*")), "no rank may start"
+    wait_for(lambda: not job_processes(cluster.marker), 10, "no process of the job left")

@@ -108,6 +108,47 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def _slow_child(tmp_path) -> tuple[str, object]:
+    marker = tmp_path / "child.pid"
+    child = tmp_path / "child.py"
+    child.write_text(
+        f"import os, time\nopen({str(marker)!r}, 'w').write(str(os.getpid()))\ntime.sleep(60)\n"
+    )
+    return f"sh -c '{sys.executable} {child} & wait'", marker
+
+
+def _written(marker) -> bool:
+    """The child has written its pid (the file exists a moment before it has content)."""
+    return marker.exists() and marker.read_text() != ""
+
+
+def test_a_round_that_failed_elsewhere_stops_the_command(tmp_path):
+    """`over` is asked while the command runs: True kills it with its children at once."""
+    command, marker = _slow_child(tmp_path)
+    begin = time.monotonic()
+    problems, _ = run_command(command, 300, ENV, None, over=lambda: _written(marker))
+    assert problems == ["--health-check stopped: the round failed on another node"]
+    assert time.monotonic() - begin < 10
+    wait_for(lambda: not _alive(int(marker.read_text())), 5, "the check's child to die")
+
+
+class Stop(BaseException):
+    """Stands in for the agent's Interrupted (a stop signal raised in the waiting thread)."""
+
+
+def test_a_signal_while_the_command_runs_kills_it(tmp_path):
+    command, marker = _slow_child(tmp_path)
+
+    def signalled() -> bool:
+        if _written(marker):
+            raise Stop
+        return False
+
+    with pytest.raises(Stop):
+        run_command(command, 300, ENV, None, over=signalled)
+    wait_for(lambda: not _alive(int(marker.read_text())), 5, "the check's child to die")
+
+
 def test_a_command_that_cannot_run_is_one_line(tmp_path):
     problems, lines = run_command(str(tmp_path / "nope"), 5, ENV, None)
     assert problems[0].startswith(f"--health-check {tmp_path / 'nope'}: cannot run it")

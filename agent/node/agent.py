@@ -57,6 +57,7 @@ class NodeAgent:
         self.met = False  # past the join barrier
         self.reporter: Reporter | None = None
         self.desk: Any = None  # the running attempt's StackDesk (for `agent stacks`)
+        self.absent: frozenset[int] = frozenset()  # node 0: agents lost when it offered a plan
         self.roster: Any = (
             None  # node 0: who runs, waits or is out, across runs (agent.plan.roster)
         )
@@ -148,7 +149,8 @@ class NodeAgent:
         from agent.run.prepare import offer
 
         self.phase = self._scope(f"r{run}", wakes=("plan", "done"))
-        offer(self.phase, plan)
+        self.absent = frozenset(self.reporter.lost_peers if self.reporter else ())
+        offer(self.phase, plan, self.absent)
 
     def execute(
         self,

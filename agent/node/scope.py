@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 from agent.errors import AgentError, ExitCode, PeerFailed
@@ -137,30 +137,41 @@ class Scope:
 
     # -- barrier --------------------------------------------------------------------------
     def barrier(
-        self, agents: int, timeout: float, names: Sequence[str], note: dict[str, Any] | None = None
+        self,
+        agents: int,
+        timeout: float,
+        names: Sequence[str],
+        note: dict[str, Any] | None = None,
+        absent: Collection[int] = (),
     ) -> None:
         """Every agent arrives once (indexes are claimed, so the count is of distinct agents),
-        leaving a sealed `note` under `in/<index>`. A failure reported in this phase wakes it at
-        once; a timeout names who never came."""
+        leaving a sealed `note` under `in/<index>`; `absent` agents (lost before this phase) are
+        not waited for. A failure reported in this phase wakes it at once; a timeout names who
+        never came."""
         s = self.store
         self.put(f"in/{self.index}", note or {})
         count = s.add(self.key("arrived"))
-        if count == agents:
+        expected = agents - len(absent)
+        if count == expected:
             s.set_bytes(self.key("done"), b"")
         else:
-            log.info("waiting for %d more agent(s) to join (%s)", agents - count, self.prefix)
+            log.info("waiting for %d more agent(s) to join (%s)", expected - count, self.prefix)
         arrived = s.wait([self.key("done")], timeout)
         failure = self.failure()
         if failure is not None:
             raise PeerFailed(could_not(failure, names), refused=failure.get("kind") == "secret")
         if not arrived:
-            missing = [names[i] for i in range(agents) if not s.exists(self.key("in", i))]
+            missing = [
+                names[i]
+                for i in range(agents)
+                if i not in absent and not s.exists(self.key("in", i))
+            ]
             shown = ", ".join(missing[:8]) + (
                 f" and {len(missing) - 8} more" if len(missing) > 8 else ""
             )
             raise AgentError(
                 f"rendezvous timed out after {timeout:g}s: {shown} never arrived "
-                f"({agents - len(missing)}/{agents} agents joined); check that srun "
+                f"({expected - len(missing)}/{expected} agents joined); check that srun "
                 "started an agent on every node, or raise --rdzv-timeout",
                 ExitCode.RENDEZVOUS,
             )

@@ -26,7 +26,7 @@ from agent.run import outputs, workers
 from agent.run.attempt import run_ranks
 from agent.run.lineup import Lineup, await_key, seating
 from agent.run.prepare import Prepared, replanned
-from agent.run.roll_call import examine_node, line_up
+from agent.run.roll_call import roll_call
 from agent.run.summary import build_summary, job_record, render_report
 from agent.run.supervisor import Outcome
 from agent.run.verdict import Verdict, judge
@@ -68,8 +68,7 @@ class Attempts:
         history: list[dict[str, Any]] = []
         attempt = 0
         while True:
-            health = examine_node(self, prepared, roster)
-            lineup = line_up(self, prepared, roster, attempt, health)
+            lineup = roll_call(self, prepared, roster, attempt)
             self.roster = roster = lineup.roster
             if leader:
                 self._seat(prepared, lineup, attempt)
@@ -153,7 +152,7 @@ class Attempts:
         if warm is not None and not prepared.plan.options.cold:
             warm.ensure(self.environ)
         # Failures are node 0's to judge; if node 0 itself goes, the store closes under the wait.
-        await_key(scope, "verdict", self.events, fatal=lambda failure: False)
+        await_key(scope, "verdict", self.events, fatal=lambda scope: None)
         return scope.get("verdict", "verdict")
 
     def _seat(self, prepared: Prepared, lineup: Lineup, attempt: int) -> None:

@@ -17,6 +17,7 @@ from typing import Any
 OUTPUT_LINES = 20  # of a failed --health-check, kept for summary.json
 LINE_CAP = 300
 TAIL_BYTES = 16 * 1024
+POLL = 1.0  # seconds between looks at the round while a --health-check runs
 
 
 @dataclass(frozen=True)
@@ -59,8 +60,10 @@ def examine(
     gpu_faults: Callable[[], Sequence[str]],
     environ: Mapping[str, str],
     cwd: str | None = None,
+    over: Callable[[], bool] = lambda: False,
 ) -> Health:
-    """Every check, the command last (the others take milliseconds)."""
+    """Every check, the command last (the others take milliseconds). `over`: asked every
+    POLL seconds while the command runs; True (the round failed elsewhere) stops it."""
     begin = time.monotonic()
     problems = [*_writable(check.log_dir)]
     for path in (check.log_dir, check.shm) if check.min_free_mib else ():
@@ -72,7 +75,7 @@ def examine(
         problems += gpu_faults()
     output: tuple[str, ...] = ()
     if check.command:
-        trouble, output = run_command(check.command, check.timeout, environ, cwd)
+        trouble, output = run_command(check.command, check.timeout, environ, cwd, over)
         problems += trouble
         output = output if trouble else ()
     return Health(tuple(problems), output, round(time.monotonic() - begin, 3))
@@ -103,10 +106,15 @@ def _writable(log_dir: str) -> list[str]:
 
 
 def run_command(
-    command: str, timeout: float, environ: Mapping[str, str], cwd: str | None
+    command: str,
+    timeout: float,
+    environ: Mapping[str, str],
+    cwd: str | None,
+    over: Callable[[], bool] = lambda: False,
 ) -> tuple[list[str], tuple[str, ...]]:
     """Run --health-check in a session of its own; its output goes to a file (bounded memory
-    however much it prints), of which the last lines are kept. Returns (problems, lines)."""
+    however much it prints), of which the last lines are kept. Returns (problems, lines).
+    Whatever ends the wait early (`over`, a signal raised in this thread) kills the check."""
     argv = shlex.split(command)
     with tempfile.TemporaryFile() as out:
         try:
@@ -117,12 +125,24 @@ def run_command(
         except OSError as exc:
             return [f"--health-check {argv[0]}: cannot run it ({exc.strerror or exc})"], ()
         try:
-            code = proc.wait(timeout)
-            trouble = [] if code == 0 else [f"--health-check exited with {_how(code)}"]
-        except subprocess.TimeoutExpired:
-            _kill_group(proc)
-            trouble = [f"--health-check did not finish within {timeout:g}s"]
+            trouble = _wait(proc, timeout, over)
+        finally:
+            if proc.returncode is None:
+                _kill_group(proc)
         return trouble, _tail(out)
+
+
+def _wait(proc: subprocess.Popen, timeout: float, over: Callable[[], bool]) -> list[str]:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            code = proc.wait(max(0.0, min(POLL, deadline - time.monotonic())))
+            return [] if code == 0 else [f"--health-check exited with {_how(code)}"]
+        except subprocess.TimeoutExpired:
+            if time.monotonic() >= deadline:
+                return [f"--health-check did not finish within {timeout:g}s"]
+            if over():
+                return ["--health-check stopped: the round failed on another node"]
 
 
 def _how(code: int) -> str:

@@ -71,16 +71,22 @@ def gather(
             **dict.fromkeys(gone),
             **dict(zip(expect, map(Health.from_json, found), strict=True)),
         }
-    # Woken by a failure (a peer lost or stopped mid-round) or late: wait for the rest alone.
-    gone |= set(lost())
-    expect = [i for i in expect if i not in gone]
-    waiting = [scope.key("health", i) for i in expect]
-    if scope.store.wait(waiting, max(deadline - time.monotonic(), 0.001)):
-        found = scope.get_all([f"health/{i}" for i in expect], "health report")
-        return {
-            **dict.fromkeys(gone),
-            **dict(zip(expect, map(Health.from_json, found), strict=True)),
-        }
+    # Woken by a failure (a peer lost or stopped mid-round) or late: wait for the rest alone,
+    # a second at a time, so that a member lost meanwhile is not waited for, and a failure that
+    # ends the round ends the wait (its reports no longer matter).
+    while True:
+        gone |= set(lost())
+        expect = [i for i in expect if i not in gone]
+        waiting = [scope.key("health", i) for i in expect]
+        left = deadline - time.monotonic()
+        if scope.store.wait(waiting, min(1.0, max(left, 0.001))):
+            found = scope.get_all([f"health/{i}" for i in expect], "health report")
+            return {
+                **dict.fromkeys(gone),
+                **dict(zip(expect, map(Health.from_json, found), strict=True)),
+            }
+        if left <= 1.0 or round_failure(scope) is not None:
+            break
     reports: dict[int, Health | None] = {}
     for i in members:
         record = None if i in gone else scope.get_if(f"health/{i}", "health report")
@@ -142,17 +148,36 @@ def seating(
     }
 
 
-def await_key(scope: Scope, name: str, events: Any, fatal: Callable[[dict], bool]) -> None:
-    """Wait for `name` as long as it takes, answering to signals (the wait is a Python socket
-    read), to node 0 vanishing (the heartbeat's StoreLost event) and to a failure in the scope
-    that ends the wait (`fatal`), each within a second."""
+def round_failure(scope: Scope) -> dict[str, Any] | None:
+    """The failure that ends a roll call: the latest one, unless it is a member node 0 declared
+    lost (a spare can take its place) — then that member's own record if it left one first (a
+    stop signal: the operator meant the whole job, as in an attempt)."""
+    failure = scope.failure()
+    if failure is None or failure.get("kind") != "lost":
+        return failure
+    own = scope.failure_of(failure.get("agent"))
+    return own if own is not None and own.get("kind") != "lost" else None
+
+
+def check_wait(
+    scope: Scope, events: Any, fatal: Callable[[Scope], dict | None]
+) -> dict[str, Any] | None:
+    """One look while waiting in `scope`: raises when node 0 vanished (the heartbeat's StoreLost
+    event); the failure that ends the wait, if there is one."""
     from agent.run.supervisor import StoreLost, drained
 
+    for event in drained(events):
+        if isinstance(event, StoreLost):
+            raise AgentError(f"{event.why}: node 0's agent is gone", ExitCode.RENDEZVOUS)
+    return fatal(scope)
+
+
+def await_key(scope: Scope, name: str, events: Any, fatal: Callable[[Scope], dict | None]) -> None:
+    """Wait for `name` as long as it takes, answering to signals (the wait is a Python socket
+    read), to node 0 vanishing and to a failure in the scope that ends the wait (`fatal`),
+    each within a second."""
     key = scope.key(name)
     while not scope.store.wait([key], 1.0):
-        for event in drained(events):
-            if isinstance(event, StoreLost):
-                raise AgentError(f"{event.why}: node 0's agent is gone", ExitCode.RENDEZVOUS)
-        failure = scope.failure()
-        if failure is not None and fatal(failure):
+        failure = check_wait(scope, events, fatal)
+        if failure is not None:
             raise PeerFailed(f"{failure.get('host')}: {failure.get('how')}")

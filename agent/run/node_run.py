@@ -31,6 +31,7 @@ def execute_run(
         read_topology=read_topology,
         timeout=agent.settings.rdzv_timeout,
         names=agent.names,
+        absent=agent.absent if plan is not None else (),
     )
     reporter = agent.reporter
     # Out for the rest of the job: nodes excluded in earlier runs (resident) and lost peers.

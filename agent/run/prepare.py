@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -47,10 +47,16 @@ def prepare(
     read_topology: Callable[[str], Any],
     timeout: float,
     names: list[str],
+    absent: Collection[int] = (),
 ) -> Prepared:
-    """Node 0 passes the plan it decided (published already: `offer`); the others receive it."""
+    """Node 0 passes the plan it decided (published already: `offer`) and the agents it knew
+    lost then; the others receive both. Those are not waited for (a resident agent's spare then
+    takes a lost node's place in the roll call)."""
     if plan is None:
-        plan = _receive(scope, timeout, names)
+        record = _receive(scope, timeout, names)
+        plan = RunPlan.from_json(record.get("plan"))
+        checks.check_script(plan.script, plan.options, plan.cwd)  # it must exist on every node
+        absent = _absent(record, world.agents)
     outputs.prepare_log_dir(plan.log_dir)
     try:
         _log_to_file(plan.log_dir, world.agent_index)
@@ -68,14 +74,14 @@ def prepare(
     lay = node_layout(plan, placed, topology)
     # Every rank's argv and env can be built (e.g. --rank-prefix placeholders) before the barrier.
     rank_specs(plan, placed, lay, attempt=0, port=0, config_file=config_file, environ=environ)
-    scope.barrier(world.agents, timeout, names)
+    scope.barrier(world.agents, timeout, names, absent=absent)
     return Prepared(plan, lay, config_file, topology)
 
 
-def offer(scope: Scope, plan: RunPlan) -> None:
+def offer(scope: Scope, plan: RunPlan, absent: Collection[int] = ()) -> None:
     """Node 0: publish the plan as soon as it is decided, so nobody waits for it later."""
     try:
-        scope.put("plan", {"plan": plan.to_json()})
+        scope.put("plan", {"plan": plan.to_json(), "absent": sorted(absent)})
     except TooLarge as exc:
         configs = " + ".join(plan.configs) or "the command line"
         raise AgentError(
@@ -85,7 +91,13 @@ def offer(scope: Scope, plan: RunPlan) -> None:
         ) from None
 
 
-def _receive(scope: Scope, timeout: float, names: list[str]) -> RunPlan:
+def _absent(record: Mapping[str, Any], agents: int) -> frozenset[int]:
+    """The record is node 0's (sealed); bounded all the same: never node 0, never out of range."""
+    given = record.get("absent") or []
+    return frozenset(i for i in given if isinstance(i, int) and 0 < i < agents)
+
+
+def _receive(scope: Scope, timeout: float, names: list[str]) -> dict[str, Any]:
     if not scope.store.wait([scope.key("plan")], timeout):
         raise AgentError(
             f"rendezvous timed out after {timeout:g}s: node 0 never published the run's plan",
@@ -94,9 +106,7 @@ def _receive(scope: Scope, timeout: float, names: list[str]) -> RunPlan:
     failure = scope.failure()
     if failure is not None:
         raise PeerFailed(could_not(failure, names), refused=failure.get("kind") == "secret")
-    plan = RunPlan.from_json(scope.get("plan", "config payload").get("plan"))
-    checks.check_script(plan.script, plan.options, plan.cwd)  # the script must exist on every node
-    return plan
+    return scope.get("plan", "config payload")
 
 
 LOW_SPACE = 100 << 20

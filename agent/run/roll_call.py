@@ -13,14 +13,41 @@ from agent.plan.roster import Roster, Shortfall, excluded_hosts, seated
 from agent.plan.run_plan import node_layout
 from agent.run.gpu_faults import gpu_faults
 from agent.run.health import Health, HealthCheck, examine
-from agent.run.lineup import REPORT_SLACK, Lineup, await_key, exclusions, gather, post_health
+from agent.run.lineup import (
+    REPORT_SLACK,
+    Lineup,
+    await_key,
+    check_wait,
+    exclusions,
+    gather,
+    post_health,
+    round_failure,
+)
 from agent.run.prepare import Prepared
 from agent.run.summary import node_failure
 
 log = logging.getLogger("agent")
 
 
-def examine_node(self: Any, prepared: Prepared, roster: Roster) -> Health | None:
+def roll_call(self: Any, prepared: Prepared, roster: Roster, attempt: int) -> Lineup:
+    """This agent's part in the round (self: Attempts). It is entered first, so that a stop
+    signal or a failure anywhere during a slow --health-check ends the round within a second."""
+    scope = self.scope_of(f"l{attempt}")
+    leader = self.world.agent_index == 0
+    # Node 0: a member lost mid-round fails this round (waking the gather), not an attempt.
+    self.enter(scope, _ranks_of(roster) if leader else None)
+    health = examine_node(self, prepared, roster, scope)
+    if health is not None:
+        post_health(scope, health, len(roster.members()))
+    if leader:
+        lineup = _decide(self, prepared, roster, attempt, scope)
+        scope.put("lineup", lineup.to_json())
+        return lineup
+    await_key(scope, "lineup", self.events, fatal=round_failure)
+    return Lineup.from_json(scope.get("lineup", "lineup"))
+
+
+def examine_node(self: Any, prepared: Prepared, roster: Roster, scope: Scope) -> Health | None:
     """This node's health for the next attempt (None: not a member any more). self: Attempts."""
     if self.world.agent_index not in roster.members():
         return None
@@ -32,32 +59,14 @@ def examine_node(self: Any, prepared: Prepared, roster: Roster) -> Health | None
     def present() -> set[str]:
         return {g.pci for g in read(o.sysfs_root).gpus} if read else set(pcis)
 
+    def over() -> bool:
+        return check_wait(scope, self.events, round_failure) is not None
+
     check = HealthCheck(plan.log_dir, pcis, o.min_free_mib, o.health_check, o.health_timeout)
-    health = examine(check, present, lambda: gpu_faults(pcis), self.environ, plan.cwd)
+    health = examine(check, present, lambda: gpu_faults(pcis), self.environ, plan.cwd, over)
     if not health.ok:
         log.error("%s failed its health check: %s", self.world.host, "; ".join(health.problems))
     return health
-
-
-def line_up(
-    self: Any,  # the Attempts
-    prepared: Prepared,
-    roster: Roster,
-    attempt: int,
-    health: Health | None,
-) -> Lineup:
-    scope = self.scope_of(f"l{attempt}")
-    leader = self.world.agent_index == 0
-    # Node 0: a member lost mid-round fails this round (waking the gather), not an attempt.
-    self.enter(scope, _ranks_of(roster) if leader else None)
-    if health is not None:
-        post_health(scope, health, len(roster.members()))
-    if leader:
-        lineup = _decide(self, prepared, roster, attempt, scope)
-        scope.put("lineup", lineup.to_json())
-        return lineup
-    await_key(scope, "lineup", self.events, fatal=lambda failure: failure.get("kind") != "lost")
-    return Lineup.from_json(scope.get("lineup", "lineup"))
 
 
 def _decide(
@@ -69,8 +78,8 @@ def _decide(
 ) -> Lineup:
     plan, o = prepared.plan, prepared.plan.options
     reports = gather(scope, roster.members(), lambda: self.lost().keys(), o.health_timeout)
-    failure = scope.failure()
-    if failure is not None and failure.get("kind") != "lost":  # an agent stopped mid-round
+    failure = round_failure(scope)
+    if failure is not None:  # an agent stopped mid-round
         return Lineup(0, roster, end={"code": int(ExitCode.RANK_FAILED), "cause": failure})
     hosts = self.hosts()
     waited = o.health_timeout + REPORT_SLACK

@@ -51,7 +51,7 @@ class Leader:
     def loop(self) -> wire.Channel:
         """Runs until `agent down`; returns the channel of the client that asked."""
         while True:
-            self.agent.phase = None  # idle: a lost peer is noted (runs refused), not a failure
+            self.agent.phase = None  # idle: a lost peer is noted (out of later runs), not a failure
             try:
                 kind, channel, message = self.requests.get(timeout=1.0)
             except queue.Empty:

@@ -18,6 +18,7 @@ from agent.errors import AgentError, ExitCode, PeerFailed
 from agent.node.agent import NodeAgent
 from agent.node.signals import Interrupted
 from agent.plan.client_env import client_env
+from agent.plan.roster import Exclusion, Roster, Shortfall
 from agent.plan.run_plan import Request, RunPlan, decide
 from agent.run.supervisor import StoreLost, drained
 from agent.run.warm_source import WarmSource
@@ -83,14 +84,6 @@ class RunRunner:
 
     def _plan(self, number: int, message: dict[str, Any]) -> RunPlan:
         agent = self.agent
-        lost = sorted(agent.reporter.lost_peers) if agent.reporter else []
-        if lost:  # spares stand in within a run; a run starts with every agent alive
-            why = agent.reporter.lost_why.get(lost[0], agent.names[lost[0]])
-            raise AgentError(
-                f"{why}; a run needs every node: stop the resident agents (python -m agent "
-                "down) and start them again with srun",
-                ExitCode.RENDEZVOUS,
-            )
         argv, cwd, env = _checked(message)
         command = parse_run(argv)
         given = {k: v for k, v in command.options.items() if v is not None}
@@ -108,6 +101,7 @@ class RunRunner:
             log_dir=_default_log_dir(cwd, agent.world.job_id, number),
         )
         plan = decide(request, agent.world, self.read_topology)
+        _check_losses(agent, plan)
         self.request = request  # for a smaller world, planned again (--min-nodes)
         return plan
 
@@ -116,6 +110,26 @@ class RunRunner:
         record = {"kind": "setup", "node_rank": w.node_rank, "host": w.host, "how": how}
         if self.agent.phase is not None and self.agent.reporter is not None:
             self.agent.reporter.report(self.agent.phase, {**record, "time": time.time()})
+
+
+def _check_losses(agent: NodeAgent, plan: RunPlan) -> None:
+    """Agents lost since the last run are out of this one: a spare takes a lost node's place in
+    the roll call (or, with --min-nodes, the world shrinks). Refused now when neither can."""
+    reporter = agent.reporter
+    lost = sorted(reporter.lost_peers) if reporter else []
+    if not lost:
+        return
+    options = plan.options
+    roster = agent.roster or Roster.initial(agent.world.agents, options.spares)
+    out = [Exclusion(i, agent.names[i], reporter.lost_reason[i], 0) for i in lost]
+    try:
+        roster.without(out, options.min_nodes)
+    except Shortfall as exc:
+        raise AgentError(
+            f"{exc.message}: stop the resident agents (python -m agent down) and start them "
+            "again with srun",
+            ExitCode.RENDEZVOUS,
+        ) from None
 
 
 def _checked(message: dict[str, Any]) -> tuple[list[str], str, dict[str, str]]:
