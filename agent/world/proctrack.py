@@ -12,7 +12,8 @@ by the second — a preemption warning turned into a failure.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import os
+from collections.abc import Callable, Mapping
 
 from agent.world.env import lookup
 
@@ -38,10 +39,39 @@ def conf_paths(environ: Mapping[str, str]) -> tuple[str, ...]:
     return (given,) if given else CONF_PATHS
 
 
-def slurm_signals_ranks(environ: Mapping[str, str]) -> bool:
-    """True only inside a Slurm job step whose slurm.conf says proctrack/linuxproc; False where
-    there is no step or no readable slurm.conf (then the agent passes signals on itself)."""
+def ancestor_names(pid: int = 0, limit: int = 64) -> list[str]:
+    """The command names (`comm`) of this process's ancestors, parent first, as far as /proc
+    shows them (a container's pid namespace ends the chain early)."""
+    names: list[str] = []
+    pid = pid or os.getpid()
+    for _ in range(limit):
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as stat:
+                text = stat.read().decode(errors="replace")
+        except OSError:
+            break
+        # "pid (comm) state ppid ...": comm may hold spaces and parentheses; the last ')' ends it
+        ppid = int(text[text.rindex(")") + 1 :].split()[1])
+        if ppid <= 0:
+            break
+        try:
+            with open(f"/proc/{ppid}/comm", encoding="utf-8", errors="replace") as comm:
+                names.append(comm.read().strip())
+        except OSError:
+            break
+        pid = ppid
+    return names
+
+
+def slurm_signals_ranks(
+    environ: Mapping[str, str], ancestors: Callable[[], list[str]] = ancestor_names
+) -> bool:
+    """True only inside a Slurm job step — started under slurmstepd, not merely with SLURM_*
+    in the env (as agents simulated on one machine are) — whose slurm.conf says
+    proctrack/linuxproc; False otherwise (then the agent passes signals on itself)."""
     if lookup(environ, "SLURM_STEP_ID", "SLURM_STEPID") is None:
+        return False
+    if "slurmstepd" not in ancestors():
         return False
     for path in conf_paths(environ):
         try:
