@@ -126,8 +126,8 @@ def _check_losses(agent: NodeAgent, plan: RunPlan) -> None:
         roster.without(out, options.min_nodes)
     except Shortfall as exc:
         raise AgentError(
-            f"{exc.message}: stop the resident agents (python -m agent down) and start them "
-            "again with srun",
+            f"{exc.message}; to go on, stop the resident agents (python -m agent down) and "
+            "start them again with srun",
             ExitCode.RENDEZVOUS,
         ) from None
 
