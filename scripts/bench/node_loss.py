@@ -54,7 +54,7 @@ def one(nodes: int, cold: bool, work: Path, log) -> dict[str, Any]:
     where.mkdir()
     extra = ["--spares", "1", "--max-restarts", "1", "--heartbeat-timeout", str(HEARTBEAT)]
     extra += ["--grace", "1"] + (["--cold"] if cold else [])
-    prog = [c.program("node_loss_rank"), str(where)]
+    prog = [c.program("relaunch_rank"), str(where), "hold"]
     cmds = launchers.ours(nodes + 1, NPROC, prog, work, tag, extra)
     world = nodes * NPROC
     started = c.start(cmds, work)

@@ -1,12 +1,13 @@
-"""Rank for the relaunch benchmark (no torch import before the first timestamp).
+"""Rank for the relaunch and node-loss benchmarks (no torch import before the first timestamp).
 
-    relaunch_rank.py DIR [FAIL_RANK FAIL_AFTER]
+    relaunch_rank.py DIR [FAIL_RANK FAIL_AFTER | hold]
 Records time.time() at its first line, joins a gloo process group (env:// from the launcher),
 all_reduces one tensor, records the time again and writes both to DIR/rank-<RANK>-a<ATTEMPT>.json
 (ATTEMPT from TORCHELASTIC_RESTART_COUNT, 0 without it), then exits 0.
 With FAIL_RANK: at attempt 0 the rank FAIL_RANK waits until FAIL_AFTER seconds after its first
 line, writes DIR/died-a0.json with the time just before it exits, and exits 1 (os._exit); the
-other ranks of attempt 0 wait for the launcher's teardown. Later attempts exit 0.
+other ranks of attempt 0 wait for the launcher's teardown. With `hold` every rank of attempt 0
+waits for it (the node-loss benchmark kills one node's agent). Later attempts exit 0.
 """
 
 import time
@@ -30,7 +31,8 @@ def _write(path: Path, record: dict) -> None:
 
 def main() -> None:
     where = Path(sys.argv[1])
-    fail_rank = int(sys.argv[2]) if len(sys.argv) > 2 else -1
+    hold = sys.argv[2:] == ["hold"]
+    fail_rank = int(sys.argv[2]) if len(sys.argv) > 2 and not hold else -1
     fail_after = float(sys.argv[3]) if len(sys.argv) > 3 else 0.0
     rank = int(os.environ["RANK"])
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT") or 0)
@@ -58,14 +60,15 @@ def main() -> None:
         "ok": ok,
         "preloaded": PRELOADED,
         "pid": os.getpid(),
+        "host": os.environ.get("SLURMD_NODENAME"),
     }
     _write(where / f"rank-{rank}-a{attempt}.json", record)
-    if fail_rank >= 0 and attempt == 0:
+    if (hold or fail_rank >= 0) and attempt == 0:
         if rank == fail_rank:
             time.sleep(max(0.0, FIRST_LINE + fail_after - time.time()))
             _write(where / "died-a0.json", {"rank": rank, "died": time.time()})
             os._exit(1)
-        while True:  # stopped by the launcher's teardown once FAIL_RANK has failed
+        while True:  # stopped by the launcher's teardown (FAIL_RANK failed, or a node was lost)
             time.sleep(1.0)
     dist.destroy_process_group()
     sys.exit(0 if ok else 1)
