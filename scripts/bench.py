@@ -6,9 +6,9 @@
 Writes a markdown report to stdout and <out>/bench.md, raw numbers to <out>/bench.json.
 Sections: launch overhead, teardown latency, rendezvous scale (+ reverse DNS), tee throughput,
 CLI start, steady-state agent cost, relaunch latency (resident agents, warm ranks), hang detection
-and `agent stacks`, node loss → the next attempt on a hot spare. Each section has a time budget;
-repetitions stop when it is spent (every cell still gets at least one run), so the whole run
-stays under 10 minutes.
+and `agent stacks`, node loss → the next attempt on a hot spare, refusals of hostile input.
+Each section has a time budget; repetitions stop when it is spent (every cell still gets at least
+one run), so the whole run stays under 10 minutes.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from bench import (  # noqa: E402
     launch,
     node_loss,
     rdzv,
+    refusals,
     relaunch,
     scale,
     steady,
@@ -53,6 +54,7 @@ SECTIONS = (
     "relaunch",
     "hang",
     "nodeloss",
+    "refusals",
     "scale",
 )
 # Sections run only when --only names them: scale alone takes 2.5-4.5 minutes (--quick: < 1).
@@ -69,6 +71,7 @@ MIN_COST = {
     "relaunch": 120,
     "hang": 50,
     "nodeloss": 60,
+    "refusals": 5,
     "scale": 60,
 }
 RUN_SECONDS = 560  # the whole run; the hard limit is 10 minutes
@@ -132,6 +135,7 @@ def plan(quick: bool) -> dict[str, Any]:
             "relaunch": {"rounds": 1, "warm_per_round": 5, "slurm_warm": 5, "budget": 120},
             "hang": {"sizes": [2, 8], "rounds": 1, "stacks_reps": [3, 3], "budget": 60},
             "nodeloss": {"sizes": [4], "reps": 1, "budget": 60},
+            "refusals": {"tries": 1},
             "scale": {"sizes": list(scale.QUICK), "idle_s": 3.0, "budget": 60},
         }
     return {
@@ -144,6 +148,7 @@ def plan(quick: bool) -> dict[str, Any]:
         "relaunch": {"rounds": 2, "warm_per_round": 6, "slurm_warm": 8, "budget": 150},
         "hang": {"sizes": [2, 8], "rounds": 3, "stacks_reps": [3, 5], "budget": 110},
         "nodeloss": {"sizes": [4, 8], "reps": 2, "budget": 150},
+        "refusals": {"tries": 5},
         "scale": {"sizes": list(scale.SIZES), "idle_s": 5.0, "budget": 300},
     }
 
@@ -185,6 +190,8 @@ def run_section(
         return scale.run(tuple(cfg["sizes"]), cfg["idle_s"], budget, work, log)
     if name == "nodeloss":
         return node_loss.run(cfg["sizes"], cfg["reps"], budget, work, log)
+    if name == "refusals":
+        return refusals.run(cfg["tries"], work, log)
     return steady.run(cfg["seconds"], work, log)
 
 
@@ -200,6 +207,7 @@ SUMMARIZERS: dict[
     "relaunch": relaunch.summarize,
     "hang": hang.summarize,
     "nodeloss": node_loss.summarize,
+    "refusals": refusals.summarize,
     "scale": scale.summarize,
 }
 

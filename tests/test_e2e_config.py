@@ -6,7 +6,10 @@ import socket
 import subprocess
 import sys
 
+import pytest
 from cluster import FIXTURE, REPO, base_env, slurm_env
+
+pytestmark = pytest.mark.e2e
 
 MODEL = str(REPO / "configs" / "model.yml")
 DATA = str(REPO / "configs" / "data.yml")

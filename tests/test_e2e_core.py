@@ -7,7 +7,10 @@ import re
 import subprocess
 import sys
 
+import pytest
 from cluster import CHECK_ARGS, FIXTURE, REPO, base_env, job_processes, slurm_env
+
+pytestmark = pytest.mark.e2e
 
 CONFIGS = [str(REPO / "configs" / "data.yml"), str(REPO / "configs" / "model.yml")]
 

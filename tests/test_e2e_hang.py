@@ -8,7 +8,10 @@ import subprocess
 import sys
 import time
 
+import pytest
 from cluster import REPO, base_env, job_processes, wait_for
+
+pytestmark = pytest.mark.e2e
 
 STUCK = str(REPO / "tests" / "fixtures" / "stuck_job.py")
 
@@ -37,7 +40,8 @@ def test_stacks_of_a_live_job_grouped_odd_one_first(cluster_factory):
     assert "---- rank 3 (1 rank on 127.0.0.2) ----" in out, out
     assert "---- ranks 0-2 (3 ranks on 127.0.0.[1-2]) ----" in out, out
     assert out.index("spin_without_progress") < out.index("wait_in_the_collective"), out
-    assert took < 3.0, f"agent stacks took {took:.2f}s"
+    # A hang catcher only: BENCHMARKS.md 8b measures 0.11 s (2 × 2) on this machine.
+    assert took < 30, f"agent stacks took {took:.2f}s"
     assert [a.proc.poll() for a in cluster.agents] == [None, None], "the job keeps running"
     only = _stacks(cluster, "--ranks", "0")
     assert "---- rank 0 (1 rank on 127.0.0.1) ----" in only.stdout and "rank 3" not in only.stdout

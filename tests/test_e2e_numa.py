@@ -13,7 +13,10 @@ import pytest
 from cluster import FIXTURE, base_env, wait_for
 from fake_sysfs import NODE0_GPUS, add_cpus, add_gpu, add_node, dgx, two_socket_cpus
 
-pytestmark = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs")
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs"),
+]
 
 
 def _proc_cpus(pid: int) -> str:

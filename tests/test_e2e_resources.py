@@ -13,6 +13,8 @@ import time
 import pytest
 from cluster import FIXTURE, job_processes, wait_for
 
+pytestmark = pytest.mark.e2e
+
 
 def _script(tmp_path, name: str, body: str) -> str:
     path = tmp_path / name

@@ -17,6 +17,8 @@ import pytest
 from cluster import FIXTURE, wait_for
 from serving import Serving
 
+pytestmark = pytest.mark.e2e
+
 FIRST_LINE = "import sys; print('warm' if 'torch' in sys.modules else 'cold', flush=True)\n"
 
 

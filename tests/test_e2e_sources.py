@@ -20,6 +20,8 @@ import psutil
 import pytest
 from cluster import FIXTURE, Agent, Cluster, base_env
 
+pytestmark = pytest.mark.e2e
+
 
 @dataclass
 class Pods(Cluster):

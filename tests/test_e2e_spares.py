@@ -10,6 +10,8 @@ import time
 import pytest
 from cluster import FIXTURE, job_processes, wait_for
 
+pytestmark = pytest.mark.e2e
+
 QUICK = ["--nproc-per-node", "2", "--heartbeat-timeout", "2", "--grace", "1"]
 
 
@@ -229,7 +231,8 @@ def test_a_stop_signal_in_the_roll_call_ends_every_agent(cluster_factory, tmp_pa
     codes = cluster.wait(60)
     took = time.monotonic() - start
     print(f"SIGTERM to node {node} in the roll call -> every agent gone: {took:.2f}s")
-    assert took < 10, f"took {took:.1f}s\n{cluster.dump()}"
+    # Hang catcher: BENCHMARKS.md measures ~2 s; a missed signal waits out --health-timeout 300.
+    assert took < 30, f"took {took:.1f}s\n{cluster.dump()}"
     assert codes[node] == 128 + signal.SIGTERM, cluster.dump()
     assert all(code != 0 for code in codes), cluster.dump()
     assert not list(tmp_path.glob("ready-*")), "no rank may start"

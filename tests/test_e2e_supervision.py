@@ -7,7 +7,10 @@ import signal
 import threading
 import time
 
+import pytest
 from cluster import FIXTURE, job_processes, wait_for
+
+pytestmark = pytest.mark.e2e
 
 
 def _exit_times(cluster) -> dict[int, float]:
@@ -266,8 +269,10 @@ def test_missing_node_is_named_after_rdzv_timeout(cluster_factory, tmp_path):
         ["--rdzv-timeout", "5", FIXTURE, "--ready-to", str(tmp_path)], nodes=[0, 1, 2]
     )
     start = time.monotonic()
-    codes = cluster.wait(60)
-    assert time.monotonic() - start < 20
+    codes = cluster.wait(240)
+    # After --rdzv-timeout 5, not the default 300 s: 3 agents starting on a loaded 2-core
+    # machine took 22 s once, so the bound only tells the two apart.
+    assert time.monotonic() - start < 120
     assert codes == [3, 3, 3], cluster.dump()
     for agent in cluster.agents:
         assert "node 3 (127.0.0.4) never arrived" in agent.stderr(), agent.stderr()

@@ -17,6 +17,8 @@ from agent.node.store_client import StoreClient
 from agent.node.trust import JobKeys
 from agent.world import derive_port
 
+pytestmark = pytest.mark.e2e
+
 # What an outsider can name: our source's key layout under the job id and step they can see.
 SUFFIXES = [
     *(

@@ -14,6 +14,8 @@ from types import ModuleType
 import pytest
 from cluster import REPO
 
+pytestmark = pytest.mark.e2e
+
 EXAMPLES = REPO / "scripts" / "examples"
 CONFIGS = [str(REPO / "configs" / "data.yml"), str(REPO / "configs" / "model.yml")]
 

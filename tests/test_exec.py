@@ -195,6 +195,7 @@ def _run_nodes(
 _SAY = ["--", "sh", "-c", 'echo "hello from $WHO"; exit "${CODE:-0}"']
 
 
+@pytest.mark.e2e
 def test_four_nodes_identical_output_is_grouped() -> None:
     per_node = {i: {"WHO": "the same node"} for i in range(3)} | {3: {"WHO": "the odd one"}}
     nodes = _run_nodes(4, 4, per_node, _SAY)
@@ -207,6 +208,7 @@ def test_four_nodes_identical_output_is_grouped() -> None:
     assert all(n.stdout == "" and n.stderr == "" for n in nodes[1:])
 
 
+@pytest.mark.e2e
 def test_a_failing_node_is_named_and_fails_the_job() -> None:
     nodes = _run_nodes(3, 3, {0: {"WHO": "x"}, 1: {"WHO": "x", "CODE": "3"}, 2: {"WHO": "x"}}, _SAY)
     assert [n.returncode for n in nodes] == [1, 3, 0], [n.stderr for n in nodes]
@@ -216,6 +218,7 @@ def test_a_failing_node_is_named_and_fails_the_job() -> None:
     assert "Traceback" not in "".join(n.stderr for n in nodes)
 
 
+@pytest.mark.e2e
 def test_a_node_that_never_joins_is_named() -> None:
     nodes = _run_nodes(2, 1, {0: {"WHO": "x"}}, ["--rdzv-timeout", "1", *_SAY])
     lead = nodes[0]
@@ -225,6 +228,7 @@ def test_a_node_that_never_joins_is_named() -> None:
     assert "failed on 127.0.0.2 (no result: never joined within 1s)" in lead.stderr
 
 
+@pytest.mark.e2e
 def test_interrupted_node_0_reports_what_it_has_and_kills_its_command(tmp_path) -> None:
     mark = tmp_path / "pid"
     env = {

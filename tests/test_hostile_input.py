@@ -24,7 +24,9 @@ from agent.plan import config as cfg
 from agent.plan.options import MAX_CONFIG_BYTES, OPTIONS, Options, resolve
 from agent.plan.rank_set import MAX_RANK_PARTS, RankSet, parse_rank_set
 
-FAST = 1.0  # seconds: every refusal here takes milliseconds; a regression takes minutes or hangs
+# Seconds: catches a hang or a blow-up only. The refusals take milliseconds (BENCHMARKS.md,
+# `scripts/bench.py --only refusals`: the slowest ~0.05 s); a regression takes minutes or hangs.
+FAST = 10.0
 
 
 def _refused_fast(call: Callable[[], Any], *fragments: str) -> str:
@@ -359,7 +361,8 @@ def test_a_huge_range_costs_nothing():
     assert ranks is not None and len(ranks) == 2 * 10**10 and 25 * 10**9 in ranks
     assert hash(ranks) == hash(parse_rank_set("0-9999999999,20000000000-29999999999", "x"))
     assert ranks != frozenset({0})
-    assert time.monotonic() - started < 0.1
+    # Enumerating 2·10^10 ranks would take hours and all memory; the bench measures ~0.1 ms.
+    assert time.monotonic() - started < 10
 
 
 def test_rank_sets_equal_frozensets_as_before():
@@ -424,6 +427,7 @@ def _memory_bound() -> None:
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 
 
+@pytest.mark.e2e
 def test_hostile_input_on_the_command_line_is_one_line_exit_2(tmp_path):
     ready = tmp_path / "ready"
     ready.mkdir()

@@ -10,7 +10,10 @@ import subprocess
 import sys
 import time
 
+import pytest
 from cluster import base_env
+
+pytestmark = pytest.mark.e2e
 
 SPIN = "import os, time\nfor i in range(4):\n    print('tick', i, flush=True); time.sleep(0.4)\n"
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")

@@ -70,10 +70,18 @@ def test_ancestor_names_reads_the_real_process_tree(tmp_path):
     code = (
         "import json; from agent.world.proctrack import ancestor_names as a; print(json.dumps(a()))"
     )
+    # The link is not in a virtualenv's bin/, so the interpreter it starts would not find the
+    # venv's site-packages (pyvenv.cfg is looked up beside argv[0]): hand it this sys.path.
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
     # `; true`: the shell cannot exec the child in its place, so the child's parent is the shell
     child = subprocess.run(
-        ["sh", "-c", f'"{odd}" -c "{code}"; true'], capture_output=True, text=True, timeout=60
+        ["sh", "-c", f'"{odd}" -c "{code}"; true'],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
     )
+    assert child.stdout, child.stderr
     names = json.loads(child.stdout)
     assert names[0] == "sh"
     assert names[1] == Path(f"/proc/{os.getpid()}/comm").read_text().strip()

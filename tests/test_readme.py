@@ -6,7 +6,10 @@ import re
 import subprocess
 import sys
 
+import pytest
 from cluster import REPO, base_env
+
+pytestmark = pytest.mark.e2e
 
 
 def _blocks() -> list[str]:
@@ -34,5 +37,11 @@ def test_readme_example_command_runs_every_rank(tmp_path):
 def test_ci_runs_the_readme_test_command():
     test_command = next(b for b in _blocks() if "pytest" in b and "pip" not in b).strip()
     ci = (REPO / ".ci" / "run").read_text()
-    assert test_command.replace("python ", "python3 ") in ci
-    assert "pip install -q -e '.[dev]'" in ci
+    assert re.search(rf"^{re.escape(test_command)}$", ci, re.M), "CI runs the README's tests"
+    # ... in a fresh venv of its own, installed with the README's command, nothing from the
+    # system's site-packages (a venv made without --system-site-packages), then activated.
+    assert re.search(r'^python3 -m venv "\$WORK/venv"$', ci, re.M)
+    assert re.search(r'^\. "\$WORK/venv/bin/activate"$', ci, re.M)
+    assert re.search(r"^pip install -q -e '\.\[dev\]'$", ci, re.M)
+    assert "system-site-packages" not in ci
+    assert re.search(r"^bash scripts/ci/wheel-smoke\.sh ", ci, re.M), "the wheel smoke test runs"

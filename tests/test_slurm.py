@@ -9,8 +9,11 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
 from cluster import CHECK_ARGS, FIXTURE, REPO, job_processes, wait_for
 from slurm_local import job_state, processes_naming, slurm_env
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slurm]
 
 CONFIGS = [str(REPO / "configs" / "data.yml"), str(REPO / "configs" / "model.yml")]
 

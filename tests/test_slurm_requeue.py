@@ -12,8 +12,11 @@ import subprocess
 import sys
 from datetime import datetime
 
+import pytest
 from cluster import REPO, job_processes, wait_for
 from slurm_local import job_state, processes_naming, slurm_env
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slurm]
 
 RANK = str(REPO / "tests" / "fixtures" / "requeue_rank.py")
 

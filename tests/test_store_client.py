@@ -108,6 +108,7 @@ def test_the_client_does_not_import_torch() -> None:
     assert out.strip() == "False"
 
 
+@pytest.mark.e2e
 def test_a_one_node_job_runs_without_the_agent_importing_torch(tmp_path) -> None:
     script = tmp_path / "rank.py"
     script.write_text(
@@ -166,6 +167,7 @@ def test_a_server_that_goes_silent_times_out_instead_of_blocking_forever() -> No
         sock.close()
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("fixed_port", [False, True])
 def test_a_one_node_job_restarts_with_rank_0_hosting_the_store_again(tmp_path, fixed_port) -> None:
     script = tmp_path / "rank.py"

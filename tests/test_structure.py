@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import warnings
 from collections import deque
 from collections.abc import Collection, Iterable, Mapping
 from functools import cache
@@ -13,7 +14,8 @@ from pathlib import Path
 import pytest
 
 AGENT = Path(__file__).resolve().parents[1] / "agent"
-MAX_LINES = 250
+WARN_LINES = 500
+MAX_LINES = 1000
 MIN_SUBPACKAGES = 5
 BUILTIN_NAMES = frozenset(name for name in dir(builtins) if not name.startswith("_"))
 
@@ -208,12 +210,14 @@ def test_no_import_cycles():
 
 
 def test_modules_are_short():
-    """Every module under agent/ stays within MAX_LINES lines, so none grows into a grab-bag."""
-    long = {
-        name: len(source.splitlines())
-        for name, (_, source, _) in agent_modules().items()
-        if len(source.splitlines()) > MAX_LINES
-    }
+    """A module says what its noun needs: over WARN_LINES is worth a look (a warning, not a
+    gate: a line gate only hides coupling by cutting nouns in pieces), over MAX_LINES is a
+    grab-bag."""
+    lengths = {name: len(source.splitlines()) for name, (_, source, _) in agent_modules().items()}
+    for name, count in sorted(lengths.items()):
+        if count > WARN_LINES:
+            warnings.warn(f"{name} has {count} lines (over {WARN_LINES})", stacklevel=1)
+    long = {name: count for name, count in lengths.items() if count > MAX_LINES}
     report = ", ".join(f"{name} ({count})" for name, count in sorted(long.items()))
     assert not long, f"modules over {MAX_LINES} lines: {report}"
 

@@ -413,7 +413,7 @@ def test_follow_in_a_terminal(tmp_path) -> None:
             for i, line in enumerate(lines)
             if i in screen.arrived
         ]
-        assert delays and max(delays) < 1.0, delays
+        assert delays and max(delays) < 10, delays  # lines arrive as written, not at the end
         logs.send_signal(signal.SIGINT)
         assert logs.wait(timeout=5) == 0
         screen.until(lambda t: False, 0.3)  # whatever it printed while exiting

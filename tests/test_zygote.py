@@ -21,6 +21,8 @@ import pytest
 from agent.warm.process import WarmProcess, ZygoteGone
 from agent.warm.zygote import Zygote
 
+pytestmark = pytest.mark.e2e
+
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 PROBE = str(FIXTURES / "warm_probe.py")
 EXIT = str(FIXTURES / "warm_exit.py")

@@ -12,7 +12,8 @@ from typing import Any
 
 import yaml
 
-_BaseLoader: type = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+# libyaml's loader is fast; PyYAML's own one re-reads a document libyaml refused (see load_yaml).
+_FastLoader: type = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 _TIMESTAMP = "tag:yaml.org,2002:timestamp"
 _MERGE = "tag:yaml.org,2002:merge"
 
@@ -33,8 +34,9 @@ class TooDeep(Refused):
     """Nested deeper than the loader's max_depth: the problem reads "nested more than N levels"."""
 
 
-class _StrictLoader(_BaseLoader):  # type: ignore[misc, valid-type]
-    """A SafeLoader that builds only JSON types and rejects duplicate and non-string keys.
+class _Strict:
+    """A SafeLoader's rules, mixed in front of libyaml's or PyYAML's own loader: it builds only
+    JSON types and rejects duplicate and non-string keys.
 
     It composes the node graph itself, without recursion (libyaml's composer recurses in C and
     crashes the interpreter on deep input), refusing input nested more than `max_depth` levels
@@ -199,26 +201,65 @@ class _StrictLoader(_BaseLoader):  # type: ignore[misc, valid-type]
 _NOT_JSON = {
     f"tag:yaml.org,2002:{name}" for name in ("timestamp", "binary", "set", "omap", "pairs")
 }
-_StrictLoader.yaml_constructors = {
-    tag: build for tag, build in _BaseLoader.yaml_constructors.items() if tag not in _NOT_JSON
-}
-_StrictLoader.yaml_constructors["tag:yaml.org,2002:int"] = _StrictLoader.construct_yaml_int
-_StrictLoader.yaml_implicit_resolvers = {
-    first: [(tag, regexp) for tag, regexp in resolvers if tag != _TIMESTAMP]
-    for first, resolvers in _BaseLoader.yaml_implicit_resolvers.items()
-}
 
 
-# YAML 1.1 reads `3e-4` (no dot) as a string; learning rates are written that way all the time.
-_StrictLoader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"^[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+$"),
-    list("-+0123456789"),
-)
+def _strict_loader(base: type) -> type:
+    loader = type(f"Strict{base.__name__}", (_Strict, base), {})
+    loader.yaml_constructors = {
+        tag: build for tag, build in base.yaml_constructors.items() if tag not in _NOT_JSON
+    }
+    loader.yaml_constructors["tag:yaml.org,2002:int"] = _Strict.construct_yaml_int
+    loader.yaml_implicit_resolvers = {
+        first: [(tag, regexp) for tag, regexp in resolvers if tag != _TIMESTAMP]
+        for first, resolvers in base.yaml_implicit_resolvers.items()
+    }
+    # YAML 1.1 reads `3e-4` (no dot) as a string; learning rates are written that way all the time.
+    loader.add_implicit_resolver(
+        "tag:yaml.org,2002:float",
+        re.compile(r"^[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+$"),
+        list("-+0123456789"),
+    )
+    return loader
+
+
+class _BoundedScanner(yaml.SafeLoader):
+    """PyYAML's scanner looks ahead up to 1,024 characters in flow style, checking every open
+    level at each token: quadratic on `[[[[…`. It stops at the composer's depth (flow levels plus
+    open block collections), so it never reads more than max_depth levels ahead."""
+
+    max_depth = MAX_DEPTH
+
+    def fetch_flow_collection_start(self, token_class: type) -> None:
+        if self.flow_level + len(self.indents) >= self.max_depth:
+            mark = self.get_mark()
+            raise TooDeep(None, None, f"nested more than {self.max_depth} levels", mark)
+        super().fetch_flow_collection_start(token_class)
+
+
+_StrictLoader = _strict_loader(_FastLoader)
+_StrictPureLoader = _strict_loader(_BoundedScanner)
 
 
 def load_yaml(text: str, max_depth: int = MAX_DEPTH) -> Any:
-    loader = _StrictLoader(text)  # _StrictLoader is a SafeLoader
+    """The document in text, read by libyaml; when libyaml refuses it, by PyYAML's own scanner.
+
+    The second reading makes the error the same whatever libyaml a PyYAML wheel bundles: the
+    libyaml of PyYAML 6.0.4 stops at 1,000 nesting levels while scanning ahead (up to 1,024
+    characters per line in flow style), before our MAX_DEPTH could speak; PyYAML's scanner has no
+    such limit, so our composer refuses the same text at its own limit, with its own message.
+    Errors are rare and the text is bounded (--max-config-bytes), so the second pass is cheap."""
+    try:
+        return _load(_StrictLoader, text, max_depth)
+    except (Refused, KeyProblem):
+        raise  # our own verdicts: the same from either loader
+    except yaml.YAMLError:
+        if _StrictLoader is _StrictPureLoader:
+            raise
+        return _load(_StrictPureLoader, text, max_depth)
+
+
+def _load(loader_class: type, text: str, max_depth: int) -> Any:
+    loader = loader_class(text)
     loader.max_depth = max_depth
     try:
         return loader.get_single_data()
