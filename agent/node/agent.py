@@ -20,10 +20,12 @@ from typing import Any
 
 from agent.errors import AgentError, ExitCode
 from agent.node import handshake
+from agent.node.events import StoreLost
 from agent.node.membership import Membership
 from agent.node.reporter import Reporter
 from agent.node.scope import Scope
 from agent.node.signals import Signals
+from agent.node.stage import Stage
 from agent.node.store import Endpoint, Store, public_namespace
 from agent.node.trust import JobKeys, mismatch_message
 from agent.plan.run_plan import RunPlan
@@ -139,7 +141,7 @@ class NodeAgent:
             self.stop,
             1.0,
             self.settings.heartbeat_timeout,
-            on_lost=lambda why: self.events.put(_store_lost(why)),
+            on_lost=lambda why: self.events.put(StoreLost(why)),
             on_silent=self.reporter.peer_silent if self.leader else None,
         )
 
@@ -148,7 +150,7 @@ class NodeAgent:
         """Node 0: publish a run's plan (the run's scope is where its setup failures go)."""
         from agent.run.prepare import offer
 
-        self.phase = self._scope(f"r{run}", wakes=("plan", "done"))
+        self.phase = self._scope(Stage(run).scope(), wakes=("plan", "done"))
         self.absent = frozenset(self.reporter.lost_peers if self.reporter else ())
         offer(self.phase, plan, self.absent)
 
@@ -218,12 +220,6 @@ class NodeAgent:
 
     def close(self) -> None:
         self.stop.set()
-
-
-def _store_lost(why: str):
-    from agent.run.supervisor import StoreLost
-
-    return StoreLost(why)
 
 
 def lost_store_error(exc: BaseException) -> AgentError:

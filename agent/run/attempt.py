@@ -12,12 +12,13 @@ from agent.console.view import ConsoleView
 from agent.hang.desk import StackDesk
 from agent.hang.fallback import fallback_path, private_dir
 from agent.hang.watch import HangWatch
+from agent.node.events import AbortSeen, StoreLost
 from agent.node.scope import Scope
 from agent.plan.roster import Roster, seated
 from agent.plan.run_plan import node_layout, rank_specs
 from agent.run import workers
 from agent.run.prepare import Prepared
-from agent.run.supervisor import AbortSeen, Outcome, StoreLost, Supervisor
+from agent.run.supervisor import Outcome, Supervisor
 from agent.world import World
 from agent.world.proctrack import slurm_signals_ranks
 
@@ -47,11 +48,12 @@ def run_ranks(
     )
     ranks = [s.rank for s in specs]
     log.info("attempt %d: starting ranks %s on %s", attempt, _span(ranks), world.host)
-    desk = StackDesk(scope, roster.nodes, world.host, lambda: _live(sup), private_dir())
+    stage = self.stage.at(attempt)
+    desk = StackDesk(scope, roster.nodes, world.host, lambda: _live(sup), private_dir(), stage)
     desk.start()
     sup = Supervisor(
         specs,
-        attempt=attempt,
+        stage=stage,
         events=self.events,
         report=lambda record: self.report(scope, record),
         grace=plan.options.grace,
@@ -62,12 +64,12 @@ def run_ranks(
     self.show_desk(desk)
     scope.watch(
         self.stop,
-        lambda record: self.events.put(AbortSeen(attempt, record)),
+        lambda record: self.events.put(AbortSeen(stage, record)),
         lambda why: self.events.put(StoreLost(why)),
     )
     early = scope.failure()  # someone failed before our watcher started
     if early is not None:
-        self.events.put(AbortSeen(attempt, early))
+        self.events.put(AbortSeen(stage, early))
     console = ConsoleView(plan.options, self.sinks)
     warm = self.warm if self.warm is not None and self.warm.enabled else None
     warm = None if plan.options.cold else warm

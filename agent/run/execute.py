@@ -18,8 +18,10 @@ from typing import Any
 from agent.console.view import Sinks
 from agent.errors import ExitCode
 from agent.hang.desk import StackDesk
+from agent.node import stage as stages
 from agent.node.scope import Scope
 from agent.node.signals import Signals
+from agent.node.stage import Stage
 from agent.plan.roster import Exclusion, Roster, Shortfall
 from agent.plan.run_plan import RunPlan
 from agent.run import outputs, workers
@@ -41,6 +43,7 @@ class Attempts:
     """Everything the attempts of one run need from the node agent that executes them."""
 
     world: World
+    stage: Stage  # the run (its attempts: stage.at(k)); in every event and log line of it
     scope_of: Callable[[str], Scope]  # "a<k>" / "l<k>" → that scope of the run
     events: Any  # queue.SimpleQueue of supervisor events
     signals: Signals
@@ -68,6 +71,7 @@ class Attempts:
         history: list[dict[str, Any]] = []
         attempt = 0
         while True:
+            stages.enter(self.stage.at(attempt))
             lineup = roll_call(self, prepared, roster, attempt)
             self.roster = roster = lineup.roster
             if leader:

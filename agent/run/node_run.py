@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from agent.node import stage as stages
+from agent.node.stage import Stage
 from agent.plan.run_plan import RunPlan
 from agent.run.execute import Attempts
 from agent.run.prepare import prepare
@@ -18,7 +20,23 @@ def execute_run(
     **extra: Any,
 ) -> int:
     assert agent.store is not None
-    scope = agent._scope(f"r{run}", wakes=("plan", "done"))
+    stage = Stage(run)
+    stages.enter(stage)
+    try:
+        return _execute(agent, stage, plan, read_topology, **extra)
+    finally:
+        stages.enter(None)
+
+
+def _execute(
+    agent: Any,
+    stage: Stage,
+    plan: RunPlan | None,
+    read_topology: Callable[[str], Any],
+    **extra: Any,
+) -> int:
+    run = stage.run
+    scope = agent._scope(stage.scope(), wakes=("plan", "done"))
     if agent.leader and not scope.store.exists(scope.key("plan")):
         assert plan is not None
         agent.offer(run, plan)
@@ -38,7 +56,8 @@ def execute_run(
     before = {e.agent: e.why for e in agent.roster.excluded} if agent.roster else {}
     attempts = Attempts(
         world=agent.world,
-        scope_of=lambda name: agent._scope(f"r{run}/{name}", wakes=_WAKES[name[0]]),
+        stage=stage,
+        scope_of=lambda name: agent._scope(f"{stage.scope()}/{name}", wakes=_WAKES[name[0]]),
         events=agent.events,
         signals=agent.signals,
         report=reporter.report,

@@ -38,6 +38,7 @@ class Target:
     path: Path
     pid: int = 0  # who wrote the file, for messages about a stale one
     hostname: str = ""
+    run: int | None = None  # a run's control.json: the run it belongs to
 
 
 def locate(environ: Mapping[str, str], home: Path, explicit: str | None) -> Target:
@@ -51,6 +52,7 @@ def locate(environ: Mapping[str, str], home: Path, explicit: str | None) -> Targ
         path,
         record["pid"],
         record["hostname"],
+        run if isinstance(run := record.get("run"), int) and not isinstance(run, bool) else None,
     )
 
 

@@ -29,6 +29,9 @@ def stacks_reply(agent: NodeAgent, message: dict[str, Any]) -> dict[str, Any]:
     desk = agent.desk
     if desk is None:
         return {"error": "no ranks are running right now (between attempts or runs)", "code": 2}
+    run = message.get("run")  # the run whose control.json the client read (None: any)
+    if isinstance(run, int) and desk.stage is not None and desk.stage.run != run:
+        return {"error": f"run {run} is over (run {desk.stage.run} is running now)", "code": 2}
     try:
         wanted = parse_rank_set(str(message.get("ranks") or "all"), "--ranks")
     except AgentError as exc:
@@ -65,10 +68,10 @@ def open_control(agent: NodeAgent, log_dir: str) -> tuple[Any, str | None]:
 
     endpoint = Endpoint(agent.keys.client_key, Control(agent))
     endpoint.start()
-    return endpoint, write_control(log_dir, agent, endpoint.port)
+    return endpoint, write_control(log_dir, agent, endpoint.port, 0)
 
 
-def write_control(log_dir: str, agent: NodeAgent, port: int) -> str | None:
+def write_control(log_dir: str, agent: NodeAgent, port: int, run: int) -> str | None:
     """LOG_DIR/control.json (0600): where `agent stacks LOG_DIR` finds node 0."""
     w = agent.world
     path = os.path.join(log_dir, CONTROL_FILE)
@@ -80,6 +83,7 @@ def write_control(log_dir: str, agent: NodeAgent, port: int) -> str | None:
         "pid": os.getpid(),
         "hostname": w.host,
         "started": time.time(),
+        "run": run,  # `agent stacks LOG_DIR` asks for this run's ranks, never a later run's
     }
     try:
         from agent.run.outputs import prepare_log_dir

@@ -13,9 +13,10 @@ from typing import Any
 
 from agent.errors import AgentError, ExitCode, PeerFailed
 from agent.node.agent import NodeAgent
+from agent.node.events import StoreLost, drained
 from agent.node.scope import Scope
 from agent.node.signals import Interrupted
-from agent.run.supervisor import StoreLost, drained
+from agent.node.stage import Stage
 from agent.run.warm_source import WarmSource
 from agent.serve import wire
 from agent.serve.relay import ChannelOut
@@ -27,7 +28,7 @@ def follow(agent: NodeAgent, warm: WarmSource, read_topology: Callable[[str], An
     feed = _open_feed(agent)
     number = 0
     while True:
-        scope = agent._scope(f"r{number}", wakes=("plan", "done"))
+        scope = agent._scope(Stage(number).scope(), wakes=("plan", "done"))
         _await(agent, scope)
         failure = scope.failure()
         if failure is not None and failure.get("kind") == "down":

@@ -21,6 +21,7 @@ from agent.errors import AgentError
 from agent.launch.node_start import node_agent, node_world, topology_at
 from agent.node.agent import NodeAgent, lost_store_error
 from agent.node.signals import Interrupted
+from agent.node.stage import Stage
 from agent.run.warm_source import WarmSource, preload_modules
 from agent.serve import connection
 from agent.serve.cli import ServeCommand
@@ -106,7 +107,7 @@ def _stop_everyone(agent: NodeAgent, leader: Leader | None, how: str) -> None:
     """Node 0: wake every waiting agent with a `down` record in the next run's scope."""
     if leader is None or agent.store is None or not agent.met:
         return
-    scope = agent._scope(f"r{leader.run}", wakes=("plan", "done"))
+    scope = agent._scope(Stage(leader.run).scope(), wakes=("plan", "done"))
     try:
         scope.on(agent.store.another_client(op_timeout=2.0)).report(
             {"kind": "down", "how": how, "agent": 0, "time": time.time()}, slot="down"

@@ -16,11 +16,11 @@ from typing import Any
 from agent.console.view import Sinks
 from agent.errors import AgentError, ExitCode, PeerFailed
 from agent.node.agent import NodeAgent
+from agent.node.events import StoreLost, drained
 from agent.node.signals import Interrupted
 from agent.plan.client_env import client_env
 from agent.plan.roster import Exclusion, Roster, Shortfall
 from agent.plan.run_plan import Request, RunPlan, decide
-from agent.run.supervisor import StoreLost, drained
 from agent.run.warm_source import WarmSource
 from agent.serve import wire
 from agent.serve.cli import parse_run
@@ -66,7 +66,7 @@ class RunRunner:
                 self.agent.offer(number, plan)
                 self.offered = True
                 if self.port:
-                    write_control(plan.log_dir, self.agent, self.port)
+                    write_control(plan.log_dir, self.agent, self.port, number)
                 code = self.agent.execute(
                     number, plan, self.read_topology, warm=self.warm, sinks=sinks, replan=replan
                 )
