@@ -50,6 +50,7 @@ class Attempts:
     report: Callable[[Scope, dict[str, Any]], dict[str, Any] | None]  # any thread; None: lost
     enter: Callable[..., None]  # (scope, active peers → node rank): where failures go now
     serve_workers: Callable[[], int]  # node 0: a fresh store for one attempt's ranks
+    close_workers: Callable[[], None]  # node 0: the last attempt's store closed (run's end)
     environ: Mapping[str, str]
     stop: threading.Event
     lost_results: Callable[[Scope], list[dict[str, Any]]]  # node 0: failures of lost nodes
@@ -65,6 +66,12 @@ class Attempts:
     seatings: list[dict[str, Any]] = field(default_factory=list)  # node 0: ranks.json
 
     def execute(self, prepared: Prepared) -> int:
+        try:
+            return self._attempts(prepared)
+        finally:
+            self.close_workers()  # a run closes what it opened
+
+    def _attempts(self, prepared: Prepared) -> int:
         world, me = self.world, self.world.agent_index
         leader = me == 0
         roster = self.roster or Roster.initial(world.agents, prepared.plan.options.spares)

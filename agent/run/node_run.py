@@ -63,6 +63,7 @@ def _execute(
         report=reporter.report,
         enter=agent._enter,
         serve_workers=agent.store.serve_workers,
+        close_workers=agent.store.close_workers,
         environ={**agent.environ, **(prepared.plan.env or {})},  # a client's, over the node's
         stop=agent.stop,
         lost_results=reporter.lost_failures,
