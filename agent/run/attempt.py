@@ -15,7 +15,7 @@ from agent.hang.watch import HangWatch
 from agent.node.events import AbortSeen, StoreLost
 from agent.node.scope import Scope
 from agent.plan.roster import Roster, seated
-from agent.plan.run_plan import node_layout, rank_specs
+from agent.plan.run_plan import seat_specs
 from agent.run import workers
 from agent.run.prepare import Prepared
 from agent.run.supervisor import Outcome, Supervisor
@@ -36,11 +36,11 @@ def run_ranks(
 ) -> Outcome:
     """Start this node's ranks for one attempt, supervise them, clean up after them."""
     plan, world = prepared.plan, seated(self.world, roster)
-    lay = node_layout(plan, world, prepared.topology)
-    specs = rank_specs(
+    specs = seat_specs(
         plan,
-        world,
-        lay,
+        self.world,
+        roster,
+        prepared.topology,
         attempt=attempt,
         port=port,
         config_file=prepared.config_file,
