@@ -14,7 +14,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,10 +25,8 @@ from agent.node.membership import Membership
 from agent.node.reporter import Reporter
 from agent.node.scope import Scope
 from agent.node.signals import Signals
-from agent.node.stage import Stage
 from agent.node.store import Endpoint, Store, public_namespace
 from agent.node.trust import JobKeys, mismatch_message
-from agent.plan.run_plan import RunPlan
 from agent.world import World, derive_port
 
 log = logging.getLogger("agent")
@@ -145,27 +143,7 @@ class NodeAgent:
             on_silent=self.reporter.peer_silent if self.leader else None,
         )
 
-    # -- runs -----------------------------------------------------------------------------
-    def offer(self, run: int, plan: RunPlan) -> None:
-        """Node 0: publish a run's plan (the run's scope is where its setup failures go)."""
-        from agent.run.prepare import offer
-
-        self.phase = self._scope(Stage(run).scope(), wakes=("plan", "done"))
-        self.absent = frozenset(self.reporter.lost_peers if self.reporter else ())
-        offer(self.phase, plan, self.absent)
-
-    def execute(
-        self,
-        run: int,
-        plan: RunPlan | None,
-        read_topology: Callable[[str], Any],
-        **extra: Any,  # Attempts' warm=, sinks=, replan= (node 0), spawn=
-    ) -> int:
-        """One run: node 0 passes the plan it decided, the others receive it."""
-        from agent.run.node_run import execute_run
-
-        return execute_run(self, run, plan, read_topology, **extra)
-
+    # -- what a run asks of its node (agent.run.node_run) ---------------------------------
     def _scope(self, prefix: str, wakes: tuple[str, ...] = ()) -> Scope:
         assert self.store is not None
         return Scope(self.store, prefix, self.world.agent_index, self.keys, wakes)

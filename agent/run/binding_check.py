@@ -27,7 +27,7 @@ class BindingCheck:
     def verify(self, workers: Sequence[Worker]) -> list[str]:
         """Check every rank that has exec'd its own program since the last call; warnings."""
         from agent.plan.topology import format_cpulist
-        from agent.run.numa_apply import read_binding
+        from agent.warm.numa_apply import read_binding
 
         warnings = []
         for worker in workers:

@@ -9,7 +9,15 @@ from agent.node import stage as stages
 from agent.node.stage import Stage
 from agent.plan.run_plan import RunPlan
 from agent.run.execute import Attempts
+from agent.run.prepare import offer as publish
 from agent.run.prepare import prepare
+
+
+def offer(agent: Any, run: int, plan: RunPlan) -> None:
+    """Node 0: publish a run's plan (the run's scope is where its setup failures go)."""
+    agent.phase = agent._scope(Stage(run).scope(), wakes=("plan", "done"))
+    agent.absent = frozenset(agent.reporter.lost_peers if agent.reporter else ())
+    publish(agent.phase, plan, agent.absent)
 
 
 def execute_run(
@@ -39,7 +47,7 @@ def _execute(
     scope = agent._scope(stage.scope(), wakes=("plan", "done"))
     if agent.leader and not scope.store.exists(scope.key("plan")):
         assert plan is not None
-        agent.offer(run, plan)
+        offer(agent, run, plan)
     agent.phase = scope
     prepared = prepare(
         scope,

@@ -15,13 +15,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, TextIO
 
+from agent.control import connection
+from agent.control.wire import Channel, WireError, connect, unpack_bytes
 from agent.errors import AgentError, ExitCode
 from agent.node.signing import load_secret
 from agent.node.trust import JobKeys
-from agent.serve import connection
 from agent.serve.forward import GaveUp, StopSignals
 from agent.serve.status_view import render_status
-from agent.serve.wire import Channel, WireError, connect, unpack_bytes
 
 _SLICE = 0.25  # the longest a forwarded Ctrl-C waits before it is sent to node 0
 _STOPPING = "[agent] stopping the run on every node (Ctrl-C again to stop waiting)\n"

@@ -17,10 +17,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from agent.control import wire
+from agent.control.stacks_service import stacks_reply
 from agent.node.agent import NodeAgent
 from agent.node.signals import Signalled
-from agent.serve import wire
-from agent.serve.control import stacks_reply
 from agent.serve.runner import RunRunner
 
 log = logging.getLogger("agent")

@@ -13,8 +13,8 @@ import logging
 from collections.abc import Iterator
 from typing import Any
 
+from agent.control import wire
 from agent.node.stage import tagged
-from agent.serve import wire
 
 log = logging.getLogger("agent")
 

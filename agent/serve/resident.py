@@ -17,15 +17,15 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from agent.control import connection
+from agent.control.endpoint import Endpoint
 from agent.errors import AgentError
 from agent.launch.node_start import node_agent, node_world, topology_at
 from agent.node.agent import NodeAgent, lost_store_error
 from agent.node.signals import Interrupted
 from agent.node.stage import Stage
 from agent.run.warm_source import WarmSource, preload_modules
-from agent.serve import connection
 from agent.serve.cli import ServeCommand
-from agent.serve.endpoint import Endpoint
 from agent.serve.follower import follow
 from agent.serve.leader import Leader
 from agent.serve.runner import RunRunner

@@ -14,6 +14,8 @@ from collections.abc import Callable
 from typing import Any
 
 from agent.console.view import Sinks
+from agent.control import wire
+from agent.control.stacks_service import write_control
 from agent.errors import AgentError, ExitCode, PeerFailed
 from agent.node.agent import NodeAgent
 from agent.node.events import StoreLost, drained
@@ -21,10 +23,9 @@ from agent.node.signals import Interrupted
 from agent.plan.client_env import client_env
 from agent.plan.roster import Exclusion, Roster, Shortfall
 from agent.plan.run_plan import Request, RunPlan, decide
+from agent.run.node_run import execute_run, offer
 from agent.run.warm_source import WarmSource
-from agent.serve import wire
 from agent.serve.cli import parse_run
-from agent.serve.control import write_control
 from agent.serve.relay import ChannelOut, forward_logs
 
 log = logging.getLogger("agent")
@@ -63,12 +64,18 @@ class RunRunner:
 
         with forward_logs(channel, self.agent.world.host):
             try:
-                self.agent.offer(number, plan)
+                offer(self.agent, number, plan)
                 self.offered = True
                 if self.port:
                     write_control(plan.log_dir, self.agent, self.port, number)
-                code = self.agent.execute(
-                    number, plan, self.read_topology, warm=self.warm, sinks=sinks, replan=replan
+                code = execute_run(
+                    self.agent,
+                    number,
+                    plan,
+                    self.read_topology,
+                    warm=self.warm,
+                    sinks=sinks,
+                    replan=replan,
                 )
             except AgentError as exc:
                 if not isinstance(exc, PeerFailed):  # ours: the other nodes must hear of it

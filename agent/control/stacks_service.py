@@ -1,6 +1,6 @@
 """Node 0's answers to `agent stacks`, for one-shot jobs and resident agents alike.
 
-A one-shot node 0 opens the same authenticated endpoint as resident agents (agent.serve.endpoint)
+A one-shot node 0 opens the same authenticated endpoint as resident agents (agent.control.endpoint)
 and writes its connection record into the run's log dir (`control.json`), so `python -m agent
 stacks LOG_DIR` finds a live job from its logs; resident agents write it into each run's log dir.
 """
@@ -13,10 +13,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from agent.control import connection, wire
 from agent.errors import AgentError
 from agent.node.agent import NodeAgent
 from agent.plan.rank_set import parse_rank_set
-from agent.serve import connection, wire
 
 log = logging.getLogger("agent")
 CONTROL_FILE = "control.json"
@@ -64,7 +64,7 @@ class Control:
 
 def open_control(agent: NodeAgent, log_dir: str) -> tuple[Any, str | None]:
     """One-shot node 0: the endpoint for `agent stacks` and its control.json."""
-    from agent.serve.endpoint import Endpoint
+    from agent.control.endpoint import Endpoint
 
     endpoint = Endpoint(agent.keys.client_key, Control(agent))
     endpoint.start()
