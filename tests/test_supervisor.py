@@ -134,6 +134,21 @@ def test_an_abort_of_the_previous_runs_attempt_is_not_this_ones():
     assert set(_states(outcome).values()) == {"succeeded"}
 
 
+def test_a_clients_stop_of_the_previous_run_is_not_this_ones():
+    events, reports = queue.SimpleQueue(), []
+    procs = FakeProcesses(events)
+    sup, start = _supervisor(events, procs, reports, attempt=0, run=3)
+    events.put(Signalled(signal.SIGTERM, "the client disconnected", run=2))
+    for rank in range(3):
+        events.put(RankExited(rank, 0, 1.0))
+    outcome = sup.run(start)
+    assert procs.sent == [] and reports == [] and outcome.signum is None
+    sup, start = _supervisor(events, procs, reports, attempt=0, run=3)
+    events.put(Signalled(signal.SIGTERM, "the client disconnected", run=3))
+    outcome = sup.run(start)
+    assert outcome.signum == signal.SIGTERM and reports[0]["how"] == "the client disconnected"
+
+
 def test_a_rank_ignoring_sigterm_is_killed_after_the_grace_period():
     events, reports = queue.SimpleQueue(), []
     procs = FakeProcesses(events, ignores_term={2})

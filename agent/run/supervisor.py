@@ -83,7 +83,7 @@ class Supervisor:
             elif isinstance(event, StoreLost):
                 self.outcome.store_lost = self.outcome.store_lost or event.why
                 self._stop("the job store is gone: node 0's agent died or the network broke")
-            elif isinstance(event, Signalled):
+            elif isinstance(event, Signalled) and event.run in (None, self.stage.run):
                 self._on_signal(event.signum, event.how)
         self.procs.kill(self._stragglers)
         return self.outcome
