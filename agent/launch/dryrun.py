@@ -13,9 +13,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
+from agent.plan.rank_set import format_ranges
 from agent.plan.roster import Roster
 from agent.plan.run_plan import RunPlan, seat_specs
-from agent.plan.topology import format_cpulist
 from agent.world import World
 
 
@@ -49,7 +49,7 @@ def print_plan(
             out.write(
                 f"rank {spec.rank}  node {spec.node_rank} ({spec.host})  local {spec.local_rank}  "
                 f"gpu {p.gpu or '-'}  pci {p.pci or '-'}  numa {numa}  "
-                f"cpus {format_cpulist(p.cpus) if p.cpus else '-'}\n  argv: {' '.join(spec.argv)}\n"
+                f"cpus {format_ranges(p.cpus) if p.cpus else '-'}\n  argv: {' '.join(spec.argv)}\n"
                 f"  env: {' '.join(f'{k}={v}' for k, v in sorted(spec.env.items()))}\n"
             )
     out.write("options:\n" + json.dumps(plan.to_json()["options"], sort_keys=True, indent=1) + "\n")

@@ -14,6 +14,7 @@ from agent.hang.fallback import fallback_path, private_dir
 from agent.hang.watch import HangWatch
 from agent.node.events import AbortSeen, StoreLost
 from agent.node.scope import Scope
+from agent.plan.rank_set import format_ranges
 from agent.plan.roster import Roster, seated
 from agent.plan.run_plan import seat_specs
 from agent.run import workers
@@ -47,7 +48,9 @@ def run_ranks(
         environ=self.environ,
     )
     ranks = [s.rank for s in specs]
-    log.info("attempt %d: starting ranks %s on %s", attempt, _span(ranks), world.host)
+    log.info(
+        "attempt %d: starting ranks %s on %s", attempt, format_ranges(ranks) or "none", world.host
+    )
     stage = self.stage.at(attempt)
     desk = StackDesk(scope, roster.nodes, world.host, lambda: _live(sup), private_dir(), stage)
     desk.start()
@@ -144,7 +147,3 @@ def _forget_dumps(sup: Supervisor) -> None:
     for worker in getattr(sup, "workers", []) if directory else ():
         with contextlib.suppress(OSError):
             os.unlink(fallback_path(directory, worker.proc.pid))
-
-
-def _span(ranks: list[int]) -> str:
-    return f"{ranks[0]}-{ranks[-1]}" if len(ranks) > 1 else str(ranks[0]) if ranks else "none"
