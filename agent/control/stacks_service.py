@@ -73,18 +73,8 @@ def open_control(agent: NodeAgent, log_dir: str) -> tuple[Any, str | None]:
 
 def write_control(log_dir: str, agent: NodeAgent, port: int, run: int) -> str | None:
     """LOG_DIR/control.json (0600): where `agent stacks LOG_DIR` finds node 0."""
-    w = agent.world
     path = os.path.join(log_dir, CONTROL_FILE)
-    record = {
-        "host": w.master_addr,
-        "port": port,
-        "job": w.job_id or "",
-        "step": w.step_id or "",
-        "pid": os.getpid(),
-        "hostname": w.host,
-        "started": time.time(),
-        "run": run,  # `agent stacks LOG_DIR` asks for this run's ranks, never a later run's
-    }
+    record = connection.record_for(agent.world, port, run)
     try:
         from agent.run.outputs import prepare_log_dir
 

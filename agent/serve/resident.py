@@ -76,16 +76,7 @@ def _lead(agent: NodeAgent, leader: Leader, warm: WarmSource, environ: dict[str,
     agent.membership.scope.put("endpoint", {"port": endpoint.port})
     w = agent.world
     path = connection.path_for(environ, Path.home(), w.job_id or "local")
-    record = {
-        "host": w.master_addr,
-        "port": endpoint.port,
-        "job": w.job_id or "",
-        "step": w.step_id or "",
-        "pid": os.getpid(),
-        "hostname": w.host,
-        "started": time.time(),
-    }
-    connection.write(path, record)
+    connection.write(path, connection.record_for(w, endpoint.port))
     log.info("serving %d node(s); clients: python -m agent run|status|down (%s)", w.agents, path)
     try:
         client = leader.loop()
