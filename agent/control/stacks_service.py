@@ -15,8 +15,9 @@ from typing import Any
 
 from agent.control import connection, wire
 from agent.errors import AgentError
-from agent.node.agent import NodeAgent
 from agent.plan.rank_set import parse_rank_set
+from agent.run.node_run import Session
+from agent.world import World
 
 log = logging.getLogger("agent")
 CONTROL_FILE = "control.json"
@@ -24,9 +25,9 @@ CAPTURE_SECONDS = 2.0
 NATIVE_SECONDS = 8.0  # native unwinding is ~5x slower per rank, and every rank dumps at once
 
 
-def stacks_reply(agent: NodeAgent, message: dict[str, Any]) -> dict[str, Any]:
+def stacks_reply(session: Session, message: dict[str, Any]) -> dict[str, Any]:
     """Every rank's stack now, collated; or an error when no attempt is running."""
-    desk = agent.desk
+    desk = session.desk
     if desk is None:
         return {"error": "no ranks are running right now (between attempts or runs)", "code": 2}
     run = message.get("run")  # the run whose control.json the client read (None: any)
@@ -50,31 +51,31 @@ def stacks_reply(agent: NodeAgent, message: dict[str, Any]) -> dict[str, Any]:
 class Control:
     """The one-shot node 0's endpoint handler: only `stacks`."""
 
-    def __init__(self, agent: NodeAgent) -> None:
-        self.agent = agent
+    def __init__(self, session: Session) -> None:
+        self.session = session
 
     def handle(self, channel: wire.Channel, first: dict[str, Any]) -> None:
         if first.get("op") == "stacks":
-            channel.send(stacks_reply(self.agent, first))
+            channel.send(stacks_reply(self.session, first))
         else:
             channel.send(
                 {"error": "this job runs one-shot: only `agent stacks` is served", "code": 2}
             )
 
 
-def open_control(agent: NodeAgent, log_dir: str) -> tuple[Any, str | None]:
+def open_control(session: Session, log_dir: str) -> tuple[Any, str | None]:
     """One-shot node 0: the endpoint for `agent stacks` and its control.json."""
     from agent.control.endpoint import Endpoint
 
-    endpoint = Endpoint(agent.keys.client_key, Control(agent))
+    endpoint = Endpoint(session.node.keys.client_key, Control(session))
     endpoint.start()
-    return endpoint, write_control(log_dir, agent, endpoint.port, 0)
+    return endpoint, write_control(log_dir, session.node.world, endpoint.port, 0)
 
 
-def write_control(log_dir: str, agent: NodeAgent, port: int, run: int) -> str | None:
+def write_control(log_dir: str, world: World, port: int, run: int) -> str | None:
     """LOG_DIR/control.json (0600): where `agent stacks LOG_DIR` finds node 0."""
     path = os.path.join(log_dir, CONTROL_FILE)
-    record = connection.record_for(agent.world, port, run)
+    record = connection.record_for(world, port, run)
     try:
         from agent.run.outputs import prepare_log_dir
 

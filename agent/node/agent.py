@@ -1,7 +1,7 @@
 """Who is alive, for the life of an allocation step: store, membership, heartbeats; runs on top.
 
 A NodeAgent joins once (hosts or connects to the store, claims its node index, meets the others,
-heartbeats), executes runs (agent.run), and leaves. Whatever ends it early — a signal in any
+heartbeats), lends runs its phases (agent.run.node_run.Session executes them), and leaves. Whatever ends it early — a signal in any
 phase, a setup error, a lost store — is told to the other nodes through the current phase's
 scope, so nobody waits out a timeout.
 """
@@ -56,11 +56,6 @@ class NodeAgent:
         self.claimed = False  # only an agent that holds its node index may speak for it
         self.met = False  # past the join barrier
         self.reporter: Reporter | None = None
-        self.desk: Any = None  # the running attempt's StackDesk (for `agent stacks`)
-        self.absent: frozenset[int] = frozenset()  # node 0: agents lost when it offered a plan
-        self.roster: Any = (
-            None  # node 0: who runs, waits or is out, across runs (agent.plan.roster)
-        )
 
     @property
     def phase(self) -> Scope | None:
@@ -69,7 +64,7 @@ class NodeAgent:
 
     @phase.setter
     def phase(self, scope: Scope | None) -> None:
-        self._enter(scope)
+        self.enter(scope)
 
     @functools.cached_property
     def names(self) -> list[str]:  # built once: N strings, asked for in every phase
@@ -144,12 +139,13 @@ class NodeAgent:
         )
 
     # -- what a run asks of its node (agent.run.node_run) ---------------------------------
-    def _scope(self, prefix: str, wakes: tuple[str, ...] = ()) -> Scope:
+    def scope(self, prefix: str, wakes: tuple[str, ...] = ()) -> Scope:
+        """A phase's keys in the job store (a run: `r<run>`, its rounds and attempts below)."""
         assert self.store is not None
         return Scope(self.store, prefix, self.world.agent_index, self.keys, wakes)
 
-    def _enter(self, scope: Scope | None, active: Mapping[int, int] | None = None) -> None:
-        """`active`: the peers this phase counts on, by node rank (None: every one)."""
+    def enter(self, scope: Scope | None, active: Mapping[int, int] | None = None) -> None:
+        """Where failures go from now (None: nowhere, between runs or a spare's wait). `active`: the peers this phase counts on, by node rank (None: every one)."""
         self._phase = scope
         if self.reporter is not None:
             self.reporter.enter(scope, active)

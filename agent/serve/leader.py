@@ -91,7 +91,7 @@ class Leader:
         elif op == "feed":
             self._feed(channel, first)
         elif op == "stacks":
-            _send(channel, stacks_reply(self.agent, first))
+            _send(channel, stacks_reply(self.runner.session, first))
         else:
             _send(channel, {"error": f"unknown request {str(op)[:40]!r}", "code": 2})
 

@@ -98,7 +98,7 @@ def _stop_everyone(agent: NodeAgent, leader: Leader | None, how: str) -> None:
     """Node 0: wake every waiting agent with a `down` record in the next run's scope."""
     if leader is None or agent.store is None or not agent.met:
         return
-    scope = agent._scope(Stage(leader.run).scope(), wakes=("plan", "done"))
+    scope = agent.scope(Stage(leader.run).scope(), wakes=("plan", "done"))
     try:
         scope.on(agent.store.another_client(op_timeout=2.0)).report(
             {"kind": "down", "how": how, "agent": 0, "time": time.time()}, slot="down"
