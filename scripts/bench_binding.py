@@ -15,24 +15,9 @@ import time
 
 def spawn_ms(cpus: str, mems: str) -> float:
     start = time.perf_counter()
-    from agent.run.workers import CHILD_WRAPPER, child_paths
+    from agent.run.workers import child_paths, wrapper_argv
 
-    subprocess.run(
-        [
-            sys.executable,
-            "-S",
-            "-E",
-            CHILD_WRAPPER,
-            str(os.getpid()),
-            cpus,
-            mems,
-            "preferred",
-            child_paths(),
-            "--",
-            "true",
-        ],
-        check=True,
-    )
+    subprocess.run(wrapper_argv(["true"], cpus=cpus, mems=mems, paths=child_paths()), check=True)
     return (time.perf_counter() - start) * 1000
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-from agent.plan.topology import format_cpulist
+from agent.plan.rank_set import format_ranges
 
 NODE0_GPUS = ("0000:07:00.0", "0000:0f:00.0", "0000:47:00.0", "0000:4e:00.0")
 NODE1_GPUS = ("0000:87:00.0", "0000:90:00.0", "0000:b7:00.0", "0000:bd:00.0")
@@ -25,11 +25,11 @@ def add_cpus(root: Path, core_of: Mapping[int, tuple[int, int]]) -> None:
     for cpu, (package, core) in core_of.items():
         write(root, f"sys/devices/system/cpu/cpu{cpu}/topology/physical_package_id", str(package))
         write(root, f"sys/devices/system/cpu/cpu{cpu}/topology/core_id", str(core))
-    write(root, "sys/devices/system/cpu/online", format_cpulist(core_of))
+    write(root, "sys/devices/system/cpu/online", format_ranges(core_of))
 
 
 def add_node(root: Path, node: int, cpus: Iterable[int]) -> None:
-    write(root, f"sys/devices/system/node/node{node}/cpulist", format_cpulist(cpus))
+    write(root, f"sys/devices/system/node/node{node}/cpulist", format_ranges(cpus))
 
 
 def add_pci(
@@ -39,7 +39,7 @@ def add_pci(
     write(root, f"{device}/vendor", vendor)
     write(root, f"{device}/class", cls)
     write(root, f"{device}/numa_node", str(numa_node))
-    write(root, f"{device}/local_cpulist", format_cpulist(local))
+    write(root, f"{device}/local_cpulist", format_ranges(local))
 
 
 def add_gpu(

@@ -9,10 +9,10 @@ import pytest
 from agent.errors import AgentError, ExitCode
 from agent.plan.binding import Binding, default_mode, plan_bindings, split_cpus
 from agent.plan.gpus import parse_visible, select_gpus
+from agent.plan.rank_set import format_ranges
 from agent.plan.topology import (
     Gpu,
     Topology,
-    format_cpulist,
     parse_cpulist,
     read_topology,
 )
@@ -29,7 +29,7 @@ def cpus(text: str) -> frozenset[int]:
 def table(bindings: tuple[Binding | None, ...]) -> list[tuple[str, set[int], int] | None]:
     """(cpus, mem_nodes, omp_threads) per rank, cpus in kernel spelling for readable tables."""
     return [
-        (format_cpulist(b.cpus), set(b.mem_nodes), b.omp_threads) if b else None for b in bindings
+        (format_ranges(b.cpus), set(b.mem_nodes), b.omp_threads) if b else None for b in bindings
     ]
 
 

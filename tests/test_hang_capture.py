@@ -24,6 +24,7 @@ from agent.hang.capture import FALLBACK_SIGNAL, RankStack, ThreadStack, capture,
 from agent.hang.fallback import parse_faulthandler, registered
 from agent.hang.pyspy import error_line, find_pyspy, parse_dump
 from agent.hang.stacks import MAX_FRAMES, MAX_THREADS
+from agent.run.workers import wrapper_argv
 from agent.warm.zygote import Zygote
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -227,8 +228,7 @@ def test_cold_rank_names_the_agent_as_its_tracer(start, nobody_bin):
     python = next((p for p in ("/usr/bin/python3", "/bin/python3") if os.path.exists(p)), None)
     if python is None:  # the wrapper's exec is uid 65534's own: root's home is closed to it
         pytest.skip("no system python3 for uid 65534 to exec")
-    wrapper = (str(ROOT / "agent" / "run" / "child.py"), str(os.getpid()), "-", "-", "strict")
-    prefix = (*NOBODY, sys.executable, "-S", "-E", *wrapper, "-", "--")
+    prefix = (*NOBODY, *wrapper_argv([], strict=True))
     wrapped = start("read", prefix=prefix, python=python)
     bare = start("read", prefix=tuple(NOBODY))
     pyspy = os.path.join(nobody_bin, "py-spy")
@@ -243,8 +243,7 @@ def test_cold_rank_names_the_agent_as_its_tracer(start, nobody_bin):
 
 def test_exec_wrapper_still_execs_and_can_be_dumped(start):
     """The wrapper's PR_SET_PTRACER (EINVAL without Yama) neither stops it nor the exec."""
-    wrapper = (str(ROOT / "agent" / "run" / "child.py"), str(os.getpid()), "-", "-", "strict")
-    pid = start("read", prefix=(sys.executable, "-S", "-E", *wrapper, "-", "--"))
+    pid = start("read", prefix=tuple(wrapper_argv([], strict=True)))
     if PYSPY is not None:
         (stack,) = capture([(0, pid)], "n1", timeout=TIMEOUT)
         assert functions(main_thread(stack))[-1] == "stuck_in_read_pipe"

@@ -11,11 +11,11 @@ from agent.hang.collate import (
     MAX_RENDER,
     Group,
     collate,
-    compact_ranks,
     headline,
     render,
 )
 from agent.hang.stacks import MAX_FRAMES, MAX_TEXT, MAX_THREADS, Frame, RankStack, ThreadStack
+from agent.plan.rank_set import format_ranges
 
 TORCH = "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py"
 THREADING = "/usr/lib/python3.11/threading.py"
@@ -201,8 +201,8 @@ def test_headline(stacks, expected):
         ([-2, -1, 0, 1, 3], "-2,-1,0-1,3"),
     ],
 )
-def test_compact_ranks(ranks, text):
-    assert compact_ranks(ranks) == text
+def test_format_ranges(ranks, text):
+    assert format_ranges(ranks) == text
 
 
 def test_render():
@@ -240,7 +240,7 @@ def test_render_hostlist(hosts, label):
     stacks = [rs(rank, STEP, host=host) for rank, host in enumerate(hosts)]
     header = render(collate(stacks)).splitlines()[0]
     count = f"{len(hosts)} rank{'s' if len(hosts) > 1 else ''}"
-    assert header == f"---- ranks {compact_ranks(range(len(hosts)))} ({count} on {label}) ----"
+    assert header == f"---- ranks {format_ranges(range(len(hosts)))} ({count} on {label}) ----"
 
 
 def test_render_idle_main_thread_and_colour():

@@ -452,3 +452,10 @@ def test_hostile_input_on_the_command_line_is_one_line_exit_2(tmp_path):
         assert expected in lines[0], f"{name}: {expected!r} not in {lines[0]!r}"
         assert not list(ready.iterdir()), f"{name}: a rank started"
         assert not (tmp_path / "logs").exists(), f"{name}: left a log dir behind"
+
+
+def test_every_default_is_the_option_tables():
+    """One source for defaults: the table (OPTIONS) that also drives the flags and their help."""
+    from dataclasses import asdict
+
+    assert asdict(Options()) == {o.name: o.default for o in OPTIONS}

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.run.numa_apply import read_binding
+from agent.warm.numa_apply import read_binding
 
 REPO = Path(__file__).resolve().parents[1]
 CPU = max(os.sched_getaffinity(0))  # 1 on the 2-CPU CI box
@@ -21,7 +21,7 @@ import json, sys
 if sys.argv[2] == "no-libnuma":
     sys.modules["numa"] = None  # import numa now fails, as without libnuma
 from agent.errors import AgentError
-from agent.run.numa_apply import apply_binding
+from agent.warm.numa_apply import apply_binding
 cpus, nodes, strict = json.loads(sys.argv[1])
 try:
     warnings = apply_binding(cpus, nodes, strict)

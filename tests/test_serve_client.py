@@ -1,4 +1,4 @@
-"""agent.serve.client against a fake node 0 agent: a thread serving agent.serve.wire on a real
+"""agent.serve.client against a fake node 0 agent: a thread serving agent.control.wire on a real
 listening socket, found through a real connection file; signals go to a real client process."""
 
 from __future__ import annotations
@@ -18,10 +18,11 @@ import pytest
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
+from agent.control import connection, wire
+from agent.control.wire import pack_bytes
 from agent.errors import AgentError, ExitCode
 from agent.node.trust import JobKeys
-from agent.serve import client, connection, wire
-from agent.serve.wire import pack_bytes
+from agent.serve import client
 
 SECRET = "s3cret-of-the-job"
 REPO = Path(__file__).resolve().parents[1]

@@ -1,4 +1,4 @@
-"""agent.serve.connection: the per-job file that tells clients where node 0's agent listens."""
+"""agent.control.connection: the per-job file that tells clients where node 0's agent listens."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import stat
 
 import pytest
 
+from agent.control import connection
 from agent.errors import AgentError, ExitCode
-from agent.serve import connection
 
 RECORD = {
     "host": "10.0.0.7",

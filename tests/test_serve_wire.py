@@ -1,4 +1,4 @@
-"""agent.serve.wire: the authenticated, encrypted channel between node 0's agent and clients,
+"""agent.control.wire: the authenticated, encrypted channel between node 0's agent and clients,
 over real loopback sockets, against honest peers, impostors, and a man in the middle."""
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import pytest
 
+from agent.control import wire
+from agent.control.wire import MAX_FRAME, WireError, pack_bytes, unpack_bytes
 from agent.errors import ExitCode
-from agent.serve import wire
-from agent.serve.wire import MAX_FRAME, WireError, pack_bytes, unpack_bytes
 
 KEY = bytes(range(32))
 OTHER_KEY = bytes(range(1, 33))

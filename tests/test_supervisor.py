@@ -6,9 +6,11 @@ import queue
 import signal
 import threading
 
+from agent.node.events import AbortSeen, StoreLost
 from agent.node.signals import Signalled
+from agent.node.stage import Stage
 from agent.plan.ranks import Placement, RankSpec
-from agent.run.supervisor import AbortSeen, StoreLost, Supervisor
+from agent.run.supervisor import Supervisor
 from agent.run.workers import RankExited, Worker
 
 
@@ -66,7 +68,7 @@ def _spec(rank: int) -> RankSpec:
     )
 
 
-def _supervisor(events, processes, reports, grace=5.0, attempt=0, slurm_signals_ranks=False):
+def _supervisor(events, processes, reports, grace=5.0, attempt=0, slurm_signals_ranks=False, run=0):
     specs = [_spec(r) for r in range(3)]
 
     def report(record):
@@ -75,7 +77,7 @@ def _supervisor(events, processes, reports, grace=5.0, attempt=0, slurm_signals_
 
     sup = Supervisor(
         specs,
-        attempt=attempt,
+        stage=Stage(run, attempt),
         events=events,
         report=report,
         grace=grace,
@@ -107,15 +109,44 @@ def test_a_failing_rank_is_reported_once_and_the_others_are_terminated():
 def test_an_abort_elsewhere_tears_down_without_reporting():
     events, reports = queue.SimpleQueue(), []
     procs = FakeProcesses(events)
-    sup, start = _supervisor(events, procs, reports, attempt=2)
+    sup, start = _supervisor(events, procs, reports, attempt=2, run=5)
+    events.put(AbortSeen(Stage(5, 1), {"kind": "rank", "rank": 9, "host": "x", "how": "stale"}))
+    events.put(AbortSeen(Stage(4, 2), {"kind": "rank", "rank": 9, "host": "x", "how": "old run"}))
     events.put(
-        AbortSeen(1, {"kind": "rank", "rank": 9, "host": "x", "how": "stale"})
-    )  # old attempt
-    events.put(AbortSeen(2, {"kind": "rank", "rank": 9, "host": "x", "how": "exit code 1"}))
+        AbortSeen(Stage(5, 2), {"kind": "rank", "rank": 9, "host": "x", "how": "exit code 1"})
+    )
     outcome = sup.run(start)
     assert reports == [] and outcome.failure is None
     assert sorted(procs.sent) == [(0, signal.SIGTERM), (1, signal.SIGTERM), (2, signal.SIGTERM)]
     assert set(_states(outcome).values()) == {"terminated"}
+
+
+def test_an_abort_of_the_previous_runs_attempt_is_not_this_ones():
+    """Every run's first attempt is attempt 0: a late abort of run 0 must not stop run 1."""
+    events, reports = queue.SimpleQueue(), []
+    procs = FakeProcesses(events)
+    sup, start = _supervisor(events, procs, reports, attempt=0, run=1)
+    events.put(AbortSeen(Stage(0, 0), {"kind": "rank", "rank": 1, "host": "x", "how": "old"}))
+    for rank in range(3):
+        events.put(RankExited(rank, 0, 1.0))
+    outcome = sup.run(start)
+    assert procs.sent == [] and reports == []
+    assert set(_states(outcome).values()) == {"succeeded"}
+
+
+def test_a_clients_stop_of_the_previous_run_is_not_this_ones():
+    events, reports = queue.SimpleQueue(), []
+    procs = FakeProcesses(events)
+    sup, start = _supervisor(events, procs, reports, attempt=0, run=3)
+    events.put(Signalled(signal.SIGTERM, "the client disconnected", run=2))
+    for rank in range(3):
+        events.put(RankExited(rank, 0, 1.0))
+    outcome = sup.run(start)
+    assert procs.sent == [] and reports == [] and outcome.signum is None
+    sup, start = _supervisor(events, procs, reports, attempt=0, run=3)
+    events.put(Signalled(signal.SIGTERM, "the client disconnected", run=3))
+    outcome = sup.run(start)
+    assert outcome.signum == signal.SIGTERM and reports[0]["how"] == "the client disconnected"
 
 
 def test_a_rank_ignoring_sigterm_is_killed_after_the_grace_period():
@@ -172,7 +203,8 @@ def test_an_operator_signal_elsewhere_reaches_ranks_as_that_signal():
     sup, start = _supervisor(events, procs, reports)
     events.put(
         AbortSeen(
-            0, {"kind": "signal", "signal": "SIGINT", "host": "n1", "how": "agent received SIGINT"}
+            Stage(0, 0),
+            {"kind": "signal", "signal": "SIGINT", "host": "n1", "how": "agent received SIGINT"},
         )
     )
     sup.run(start)
@@ -193,7 +225,7 @@ def test_a_refused_abort_record_tears_down_and_is_kept():
     events, reports = queue.SimpleQueue(), []
     procs = FakeProcesses(events)
     sup, start = _supervisor(events, procs, reports)
-    events.put(AbortSeen(0, {"refused": "refusing abort record: unsigned"}))
+    events.put(AbortSeen(Stage(0, 0), {"refused": "refusing abort record: unsigned"}))
     outcome = sup.run(start)
     assert outcome.refused == "refusing abort record: unsigned"
     assert {s for _, s in procs.sent} == {signal.SIGTERM}

@@ -10,9 +10,9 @@ import pytest
 
 from agent.errors import AgentError, ExitCode
 from agent.plan.gpus import count_gpus, parse_visible, select_gpus
+from agent.plan.rank_set import format_ranges
 from agent.plan.topology import (
     Topology,
-    format_cpulist,
     normalize_pci,
     parse_cpulist,
     read_topology,
@@ -69,7 +69,7 @@ def box(tmp_path: Path) -> Topology:
 )
 def test_cpulist_round_trip(text: str, cpus: set[int], spelled: str) -> None:
     assert parse_cpulist(text) == cpus
-    assert format_cpulist(cpus) == spelled
+    assert format_ranges(cpus) == spelled
 
 
 @pytest.mark.parametrize(

@@ -7,7 +7,7 @@ from rich.table import Table
 
 from agent.doctor.advice import Advice
 from agent.doctor.facts import Facts
-from agent.plan.topology import format_cpulist
+from agent.plan.rank_set import format_ranges
 
 
 def _table(title: str, *columns: str) -> Table:
@@ -21,12 +21,12 @@ def _tables(facts: Facts) -> list[Table]:
     topology = facts.topology
     gpus = _table("GPUs (PCI bus order)", "index", "PCI", "NUMA node", "local CPUs", "UUID")
     for i, g in enumerate(topology.gpus):
-        gpus.add_row(str(i), g.pci, str(g.numa_node), format_cpulist(g.local_cpus), g.uuid or "")
+        gpus.add_row(str(i), g.pci, str(g.numa_node), format_ranges(g.local_cpus), g.uuid or "")
     nodes = _table("NUMA nodes", "node", "CPUs", "allowed", "GPUs")
     for node, cpus in topology.numa_cpus.items():
         here = ", ".join(g.pci for g in topology.gpus if g.numa_node == node)
         nodes.add_row(
-            str(node), format_cpulist(cpus), format_cpulist(cpus & topology.allowed_cpus), here
+            str(node), format_ranges(cpus), format_ranges(cpus & topology.allowed_cpus), here
         )
     nics = _table("Network interfaces", "name", "state", "physical", "IPv4")
     for n in facts.nics:
@@ -43,11 +43,11 @@ def render(facts: Facts, advice: Advice, console: Console) -> None:
     allowed = facts.topology.allowed_cpus
     for table in _tables(facts):
         console.print(table)
-    console.print(f"Allowed CPUs: {format_cpulist(allowed)} ({len(allowed)})")
+    console.print(f"Allowed CPUs: {format_ranges(allowed)} ({len(allowed)})")
     console.print(f"Default --numa-binding here: {advice.mode}")
     for rank, (gpu, b) in enumerate(advice.ranks):
         if b is not None:
-            where = f"CPUs {format_cpulist(b.cpus)}, memory node {format_cpulist(b.mem_nodes)}"
+            where = f"CPUs {format_ranges(b.cpus)}, memory node {format_ranges(b.mem_nodes)}"
             console.print(f"  local rank {rank} ({gpu.pci if gpu else 'no GPU'}): {where}")
     lines = [f"  {name}={value}" for name, value in facts.env]
     lines = (

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import hostlist
 
 from agent.hang.stacks import MAIN_THREAD, Frame, RankStack, ThreadStack
+from agent.plan.rank_set import format_ranges
 
 MAX_RENDER = 200 << 10  # bytes of rendered text
 HEADLINE_GROUPS = 4
@@ -32,17 +33,6 @@ class Group:
     threads: tuple[ThreadStack, ...]  # the lowest rank's, idle ones included
     method: str
     error: str | None = None  # why these ranks have no stack
-
-
-def compact_ranks(ranks: Iterable[int]) -> str:
-    """[0, 1, 2, 5] → "0-2,5"; negative numbers (no rank: a node's own error) stand alone."""
-    spans: list[list[int]] = []
-    for rank in sorted(set(ranks)):
-        if spans and spans[-1][0] >= 0 and rank == spans[-1][1] + 1:
-            spans[-1][1] = rank
-        else:
-            spans.append([rank, rank])
-    return ",".join(str(lo) if lo == hi else f"{lo}-{hi}" for lo, hi in spans)
 
 
 def is_user_frame(frame: Frame) -> bool:
@@ -140,7 +130,7 @@ def _hostlist(hosts: Sequence[str]) -> str:
 
 
 def _who(ranks: Sequence[int]) -> str:
-    return f"rank {ranks[0]}" if len(set(ranks)) == 1 else f"ranks {compact_ranks(ranks)}"
+    return f"rank {ranks[0]}" if len(set(ranks)) == 1 else f"ranks {format_ranges(ranks)}"
 
 
 def _group_lines(group: Group, colour: bool) -> list[str]:

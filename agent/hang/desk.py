@@ -17,6 +17,7 @@ from dataclasses import replace
 
 from agent.hang.stacks import RankStack
 from agent.node.scope import Scope
+from agent.node.stage import Stage
 
 log = logging.getLogger("agent")
 ANSWER_SLACK = 2.0  # seconds node 0 waits beyond the capture time itself
@@ -31,8 +32,9 @@ class StackDesk:
         host: str,
         ranks: Callable[[], list[tuple[int, int]]],  # this node's live (rank, pid)
         fallback_dir: str | None = None,
+        stage: Stage | None = None,  # the run and attempt it serves (a request names its run)
     ) -> None:
-        self.scope, self.nodes, self.host = scope, tuple(nodes), host
+        self.scope, self.nodes, self.host, self.stage = scope, tuple(nodes), host, stage
         self.ranks, self.fallback_dir = ranks, fallback_dir
         self._lock = threading.Lock()
         self._asking: Scope | None = None  # node 0's own connection for requests

@@ -12,6 +12,7 @@ from typing import Any
 
 from agent.node.agent import NodeAgent, NodeSettings
 from agent.node.signing import SECRET_ENV, load_secret
+from agent.node.stage import tagged
 from agent.plan.options import Options, resolve
 from agent.plan.topology import Topology, read_topology
 from agent.run.workers import become_subreaper
@@ -25,8 +26,8 @@ def node_world(
     environ = dict(environ)
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # the agent's own c10d chatter only
     world = world_from_env(environ, world_flags(given), hostname=socket.gethostname())
-    for handler in logging.getLogger().handlers:  # name the node, not the pid, in every message
-        handler.setFormatter(logging.Formatter(f"[agent {world.host}] %(message)s"))
+    for handler in logging.getLogger().handlers:  # name the node and the run in every message
+        tagged(handler, f"agent {world.host}")
     return world, resolve(given, {}, "the command line"), environ
 
 

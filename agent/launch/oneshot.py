@@ -9,6 +9,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from agent.control.connection import remove
+from agent.control.stacks_service import open_control
 from agent.errors import AgentError, PeerFailed
 from agent.launch.cli import Command
 from agent.launch.node_start import node_agent, node_world, topology_at
@@ -16,10 +18,9 @@ from agent.node.agent import lost_store_error
 from agent.node.signals import Interrupted
 from agent.plan.run_plan import Request, decide
 from agent.run import outputs
+from agent.run.node_run import Session
 from agent.run.summary import build_summary, job_record, node_failure
 from agent.run.warm_source import WarmSource, preload_modules
-from agent.serve.connection import remove
-from agent.serve.control import open_control
 
 
 def launch(command: Command, environ: Mapping[str, str]) -> int:
@@ -34,6 +35,7 @@ def launch(command: Command, environ: Mapping[str, str]) -> int:
 
         return print_plan(decide(request, world, topology), world, environ, topology)
     agent = node_agent(world, options, environ)
+    session = Session(agent)  # join, execute one run in it, leave
     plan = None
     control: tuple[Any, str | None] = (None, None)
     warm = WarmSource(() if options.cold else preload_modules(options.preload), resident=False)
@@ -41,11 +43,11 @@ def launch(command: Command, environ: Mapping[str, str]) -> int:
         agent.connect()
         if agent.leader:
             plan = decide(request, world, topology)
-            agent.offer(0, plan)
-            control = open_control(agent, plan.log_dir)
+            session.offer(0, plan)
+            control = open_control(session, plan.log_dir)
         agent.meet()
         replan = (lambda nodes: decide(request, world, topology, nodes)) if agent.leader else None
-        code = agent.execute(0, plan, topology, warm=warm, replan=replan)
+        code = session.execute(0, plan, topology, warm=warm, replan=replan)
         agent.leave()
         return code
     except Interrupted as exc:

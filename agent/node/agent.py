@@ -1,7 +1,7 @@
 """Who is alive, for the life of an allocation step: store, membership, heartbeats; runs on top.
 
 A NodeAgent joins once (hosts or connects to the store, claims its node index, meets the others,
-heartbeats), executes runs (agent.run), and leaves. Whatever ends it early — a signal in any
+heartbeats), lends runs its phases (agent.run.node_run.Session executes them), and leaves. Whatever ends it early — a signal in any
 phase, a setup error, a lost store — is told to the other nodes through the current phase's
 scope, so nobody waits out a timeout.
 """
@@ -14,19 +14,19 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from agent.errors import AgentError, ExitCode
 from agent.node import handshake
+from agent.node.events import StoreLost
 from agent.node.membership import Membership
 from agent.node.reporter import Reporter
 from agent.node.scope import Scope
 from agent.node.signals import Signals
 from agent.node.store import Endpoint, Store, public_namespace
 from agent.node.trust import JobKeys, mismatch_message
-from agent.plan.run_plan import RunPlan
 from agent.world import World, derive_port
 
 log = logging.getLogger("agent")
@@ -56,11 +56,6 @@ class NodeAgent:
         self.claimed = False  # only an agent that holds its node index may speak for it
         self.met = False  # past the join barrier
         self.reporter: Reporter | None = None
-        self.desk: Any = None  # the running attempt's StackDesk (for `agent stacks`)
-        self.absent: frozenset[int] = frozenset()  # node 0: agents lost when it offered a plan
-        self.roster: Any = (
-            None  # node 0: who runs, waits or is out, across runs (agent.plan.roster)
-        )
 
     @property
     def phase(self) -> Scope | None:
@@ -69,7 +64,7 @@ class NodeAgent:
 
     @phase.setter
     def phase(self, scope: Scope | None) -> None:
-        self._enter(scope)
+        self.enter(scope)
 
     @functools.cached_property
     def names(self) -> list[str]:  # built once: N strings, asked for in every phase
@@ -139,37 +134,18 @@ class NodeAgent:
             self.stop,
             1.0,
             self.settings.heartbeat_timeout,
-            on_lost=lambda why: self.events.put(_store_lost(why)),
+            on_lost=lambda why: self.events.put(StoreLost(why)),
             on_silent=self.reporter.peer_silent if self.leader else None,
         )
 
-    # -- runs -----------------------------------------------------------------------------
-    def offer(self, run: int, plan: RunPlan) -> None:
-        """Node 0: publish a run's plan (the run's scope is where its setup failures go)."""
-        from agent.run.prepare import offer
-
-        self.phase = self._scope(f"r{run}", wakes=("plan", "done"))
-        self.absent = frozenset(self.reporter.lost_peers if self.reporter else ())
-        offer(self.phase, plan, self.absent)
-
-    def execute(
-        self,
-        run: int,
-        plan: RunPlan | None,
-        read_topology: Callable[[str], Any],
-        **extra: Any,  # Attempts' warm=, sinks=, replan= (node 0), spawn=
-    ) -> int:
-        """One run: node 0 passes the plan it decided, the others receive it."""
-        from agent.run.node_run import execute_run
-
-        return execute_run(self, run, plan, read_topology, **extra)
-
-    def _scope(self, prefix: str, wakes: tuple[str, ...] = ()) -> Scope:
+    # -- what a run asks of its node (agent.run.node_run) ---------------------------------
+    def scope(self, prefix: str, wakes: tuple[str, ...] = ()) -> Scope:
+        """A phase's keys in the job store (a run: `r<run>`, its rounds and attempts below)."""
         assert self.store is not None
         return Scope(self.store, prefix, self.world.agent_index, self.keys, wakes)
 
-    def _enter(self, scope: Scope | None, active: Mapping[int, int] | None = None) -> None:
-        """`active`: the peers this phase counts on, by node rank (None: every one)."""
+    def enter(self, scope: Scope | None, active: Mapping[int, int] | None = None) -> None:
+        """Where failures go from now (None: nowhere, between runs or a spare's wait). `active`: the peers this phase counts on, by node rank (None: every one)."""
         self._phase = scope
         if self.reporter is not None:
             self.reporter.enter(scope, active)
@@ -218,12 +194,6 @@ class NodeAgent:
 
     def close(self) -> None:
         self.stop.set()
-
-
-def _store_lost(why: str):
-    from agent.run.supervisor import StoreLost
-
-    return StoreLost(why)
 
 
 def lost_store_error(exc: BaseException) -> AgentError:

@@ -23,6 +23,7 @@ FORWARDED = (signal.SIGUSR1, signal.SIGUSR2)
 class Signalled:
     signum: int
     how: str | None = None  # who asked, when not the agent's own signal (a resident's client)
+    run: int | None = None  # a client's signal: the run it stops (None: the agent's own signal)
 
 
 class Interrupted(BaseException):

@@ -57,6 +57,7 @@ class Store:
         self.endpoint = endpoint
         self.ns = namespace
         self._server = server  # keeps node 0's server alive as long as this object lives
+        self._workers: Any = None  # node 0: the ranks' store of the running attempt
         self.local_addr: str | None = None  # node 0: where its own server is reached
 
     # -- opening --------------------------------------------------------------------------
@@ -145,16 +146,22 @@ class Store:
         return store
 
     def serve_workers(self) -> int:
-        """Node 0: a fresh store for the ranks of one attempt (torch's agent-store protocol).
+        """Node 0: a fresh store for the ranks of one attempt (torch's agent-store protocol);
+        the previous attempt's is closed (its ranks are gone). `close_workers` ends the last.
 
         A one-agent job only picks a free port: its rank 0 hosts the store (plan.rank_env).
         """
         if isinstance(self._client, LocalStore):
             return self.endpoint.port or probe_port(0)
+        self.close_workers()
         tcp_store = _torch_store()
         server = tcp_store("0.0.0.0", 0, is_master=True, wait_for_workers=False, timeout=_LONG)
-        self._worker_servers = [*getattr(self, "_worker_servers", []), server]
+        self._workers = server
         return server.port
+
+    def close_workers(self) -> None:
+        """The ranks' store of the last attempt, closed (its port and threads with it)."""
+        self._workers = None  # torch's server stops when its last reference goes
 
     # -- primitives -----------------------------------------------------------------------
     def key(self, *parts: object) -> str:

@@ -5,7 +5,7 @@ nothing may depend on a key name they can compute. From the secret and the job i
 (from `cryptography`) derives: the namespace every key lives under, an AES-GCM key that seals
 every record (confidential and authenticated), a public key-check value that lets agents
 with different secrets notice it without revealing anything, and the key that clients of node
-0's resident endpoint prove they hold (`agent.serve.wire`). Each record is bound to the full
+0's resident endpoint prove they hold (`agent.control.wire`). Each record is bound to the full
 store key it was written under (the AEAD's associated data): a genuine record copied to another
 key, attempt, run or job does not open.
 """
@@ -40,7 +40,7 @@ class JobKeys:
     namespace: str  # "la/<32 hex>/": derived from the secret, job and step
     check_value: str  # public: equal for agents that hold the same secret, reveals nothing
     aead_key: bytes
-    client_key: bytes  # authenticates clients of node 0's resident endpoint (agent.serve.wire)
+    client_key: bytes  # authenticates clients of node 0's resident endpoint (agent.control.wire)
 
     @classmethod
     def derive(cls, secret: bytes, job_id: str, step_id: str) -> JobKeys:

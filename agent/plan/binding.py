@@ -7,7 +7,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from agent.errors import AgentError
-from agent.plan.topology import Gpu, Topology, format_cpulist
+from agent.plan.rank_set import format_ranges
+from agent.plan.topology import Gpu, Topology
 
 MODES = ("off", "node", "socket", "exclusive")
 _FIX = "pass --numa-binding off to start unbound"
@@ -94,7 +95,7 @@ def _main_node(topology: Topology, cpus: frozenset[int]) -> int:
 
 
 def _allowed(topology: Topology) -> str:
-    return f"allowed CPUs: {format_cpulist(topology.allowed_cpus) or 'none'}"
+    return f"allowed CPUs: {format_ranges(topology.allowed_cpus) or 'none'}"
 
 
 def _spread(keys: Sequence[int], count: int) -> list[int]:

@@ -19,46 +19,55 @@ from agent.plan.option_table import (  # noqa: F401  (re-exported: the CLI build
 _BY_NAME = {o.name: o for o in OPTIONS}
 
 
+def _default(name: str) -> Any:
+    return _BY_NAME[name].default
+
+
 @dataclass(frozen=True)
 class Options:
-    nproc_per_node: str = "auto"
-    log_dir: str | None = None
-    console_ranks: str = "all"
-    grace: float = 5.0
-    max_restarts: int = 0
-    spares: int = 0
-    min_nodes: int = 0
-    exclude: str | None = None
-    health_check: str | None = None
-    health_timeout: float = 60.0
-    min_free_mib: int = 0
-    numa_binding: str = "auto"
-    numa_strict: bool = False
-    config_parser: str = "default"
-    max_config_bytes: int = MAX_CONFIG_BYTES
-    deepspeed: bool = False
-    no_python: bool = False
-    module: bool = False
-    rank_prefix: str | None = None
-    rank_prefix_ranks: str = "all"
-    hang_warning: float = 300.0
-    hang_timeout: float = 0.0
-    progress_regex: str | None = None
-    cold: bool = False
-    preload: str = "auto"
-    sysfs_root: str = "/"
-    live: bool = True
-    world: str = "auto"
-    nnodes: int | None = None
-    node_rank: int | None = None
-    master_addr: str | None = None
-    master_port: int | None = None
-    job_id: str | None = None
-    rdzv_timeout: float = 300.0
-    heartbeat_timeout: float = 6.0
+    """Every option's value; the defaults are option_table's (its one source)."""
+
+    nproc_per_node: str = _default("nproc_per_node")
+    log_dir: str | None = _default("log_dir")
+    console_ranks: str = _default("console_ranks")
+    grace: float = _default("grace")
+    max_restarts: int = _default("max_restarts")
+    spares: int = _default("spares")
+    min_nodes: int = _default("min_nodes")
+    exclude: str | None = _default("exclude")
+    health_check: str | None = _default("health_check")
+    health_timeout: float = _default("health_timeout")
+    min_free_mib: int = _default("min_free_mib")
+    numa_binding: str = _default("numa_binding")
+    numa_strict: bool = _default("numa_strict")
+    config_parser: str = _default("config_parser")
+    max_config_bytes: int = _default("max_config_bytes")
+    deepspeed: bool = _default("deepspeed")
+    no_python: bool = _default("no_python")
+    module: bool = _default("module")
+    rank_prefix: str | None = _default("rank_prefix")
+    rank_prefix_ranks: str = _default("rank_prefix_ranks")
+    hang_warning: float = _default("hang_warning")
+    hang_timeout: float = _default("hang_timeout")
+    progress_regex: str | None = _default("progress_regex")
+    cold: bool = _default("cold")
+    preload: str = _default("preload")
+    sysfs_root: str = _default("sysfs_root")
+    live: bool = _default("live")
+    world: str = _default("world")
+    nnodes: int | None = _default("nnodes")
+    node_rank: int | None = _default("node_rank")
+    master_addr: str | None = _default("master_addr")
+    master_port: int | None = _default("master_port")
+    job_id: str | None = _default("job_id")
+    rdzv_timeout: float = _default("rdzv_timeout")
+    heartbeat_timeout: float = _default("heartbeat_timeout")
 
 
 assert {f.name for f in fields(Options)} == set(_BY_NAME), "OPTIONS and Options disagree"
+assert all(f.default is _BY_NAME[f.name].default for f in fields(Options)), (
+    "a default not taken from OPTIONS"
+)
 
 
 def resolve(cli: Mapping[str, Any], launcher: Mapping[str, Any], where: str = "configs") -> Options:

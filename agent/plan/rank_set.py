@@ -12,6 +12,19 @@ MAX_RANK_PARTS = 10_000  # comma-separated parts in one rank list
 _RANK_PART = re.compile(r"\s*([0-9]{1,18})\s*(?:-\s*([0-9]{1,18})\s*)?")
 
 
+def format_ranges(numbers: Iterable[int]) -> str:
+    """{0, 1, 2, 3, 8} -> "0-3,8" (the kernel's cpulist spelling, Slurm's rank lists); a
+    negative number (no rank: a node's own error in collated stacks) stands alone. The one
+    formatter for CPU lists, rank lists and node lists."""
+    spans: list[list[int]] = []
+    for n in sorted(set(numbers)):
+        if spans and spans[-1][0] >= 0 and n == spans[-1][1] + 1:
+            spans[-1][1] = n
+        else:
+            spans.append([n, n])
+    return ",".join(str(lo) if lo == hi else f"{lo}-{hi}" for lo, hi in spans)
+
+
 class RankSet:
     """An immutable set of ranks kept as sorted, merged, inclusive (low, high) ranges: memory
     grows with the number of ranges, never with the ranks they cover (0-9999999999 is one).

@@ -22,7 +22,7 @@ from agent.plan.parsers import load_parser, run_parser
 from agent.plan.payload import Payload
 from agent.plan.rank_set import parse_rank_set
 from agent.plan.ranks import Launch, RankSpec, node_ranks, script_command
-from agent.plan.roster import active_world
+from agent.plan.roster import Roster, active_world, seated
 from agent.plan.topology import Topology
 from agent.world import World
 
@@ -141,6 +141,29 @@ def node_layout(plan: RunPlan, world: World, topology: Topology) -> NodeLayout:
             f"{plan.nproc_per_node} per node; give every node the same GPUs, or pass --nproc-per-node"
         )
     return lay
+
+
+def seat_specs(
+    plan: RunPlan,
+    world: World,
+    roster: Roster,
+    topology: Topology,
+    *,
+    attempt: int,
+    port: int,
+    config_file: str,
+    environ: Mapping[str, str],
+) -> tuple[RankSpec, ...]:
+    """The ranks this agent (`world.agent_index`) starts in one attempt, seated where the
+    roster puts it; none for a spare or an excluded agent. The agents and `--dry-run` both
+    print/spawn exactly this."""
+    if roster.role(world.agent_index) != "node":
+        return ()
+    here = seated(world, roster)
+    lay = node_layout(plan, here, topology)
+    return rank_specs(
+        plan, here, lay, attempt=attempt, port=port, config_file=config_file, environ=environ
+    )
 
 
 def rank_specs(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -49,17 +49,6 @@ def parse_cpulist(text: str) -> frozenset[int]:
         first, _, last = part.partition("-")
         cpus.update(range(int(first), int(last or first) + 1))
     return frozenset(cpus)
-
-
-def format_cpulist(cpus: Iterable[int]) -> str:
-    """{0, 1, 2, 3, 8} -> "0-3,8", the kernel's own spelling."""
-    ranges: list[list[int]] = []
-    for cpu in sorted(cpus):
-        if ranges and cpu == ranges[-1][1] + 1:
-            ranges[-1][1] = cpu
-        else:
-            ranges.append([cpu, cpu])
-    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in ranges)
 
 
 def normalize_pci(bus_id: str) -> str:

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 
 import hostlist
 
+from agent.plan.rank_set import format_ranges
+
 _RULE = "-" * 16
 
 
@@ -53,7 +55,7 @@ class Group:
         compressed = hostlist.collect_hostlist(list(self.hosts))
         if len(set(self.hosts)) == len(self.hosts):
             return compressed
-        return f"{compressed} (nodes {_ranges(self.nodes)})"
+        return f"{compressed} (nodes {format_ranges(self.nodes)})"
 
 
 def collate(results: Sequence[NodeOutput]) -> list[Group]:
@@ -95,14 +97,3 @@ def _signal_name(number: int) -> str:
         return signal.Signals(number).name
     except ValueError:
         return f"signal {number}"
-
-
-def _ranges(numbers: Sequence[int]) -> str:
-    """(0, 2, 3, 4) → "0,2-4"."""
-    spans: list[list[int]] = []
-    for n in sorted(set(numbers)):
-        if spans and n == spans[-1][1] + 1:
-            spans[-1][1] = n
-        else:
-            spans.append([n, n])
-    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)

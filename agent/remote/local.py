@@ -6,14 +6,13 @@ import contextlib
 import os
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
 
 from agent.errors import ExitCode
 from agent.remote.collate import NodeOutput
-from agent.run.workers import CHILD_WRAPPER
+from agent.run.workers import wrapper_argv
 
 OUTPUT_CAP = 1 << 20  # bytes of output per node kept and sent to node 0
 KILL_GRACE = 2.0  # SIGTERM → SIGKILL, for a command past --timeout
@@ -37,21 +36,8 @@ class LocalRun:
         self._out = tempfile.TemporaryFile()  # noqa: SIM115 (closed by __exit__)
         self._timed_out = False
         # agent.run.child sets PDEATHSIG, so CMD dies with us even if we are SIGKILLed.
-        wrapped = [
-            sys.executable,
-            "-S",
-            "-E",
-            CHILD_WRAPPER,
-            str(os.getpid()),
-            "-",
-            "-",
-            "preferred",
-            "-",
-            "--",
-            *argv,
-        ]
         self._proc = subprocess.Popen(
-            wrapped,
+            wrapper_argv(argv),
             env=dict(env),
             stdin=subprocess.DEVNULL,
             stdout=self._out,

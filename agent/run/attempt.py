@@ -12,12 +12,14 @@ from agent.console.view import ConsoleView
 from agent.hang.desk import StackDesk
 from agent.hang.fallback import fallback_path, private_dir
 from agent.hang.watch import HangWatch
+from agent.node.events import AbortSeen, StoreLost
 from agent.node.scope import Scope
+from agent.plan.rank_set import format_ranges
 from agent.plan.roster import Roster, seated
-from agent.plan.run_plan import node_layout, rank_specs
+from agent.plan.run_plan import seat_specs
 from agent.run import workers
 from agent.run.prepare import Prepared
-from agent.run.supervisor import AbortSeen, Outcome, StoreLost, Supervisor
+from agent.run.supervisor import Outcome, Supervisor
 from agent.world import World
 from agent.world.proctrack import slurm_signals_ranks
 
@@ -35,23 +37,26 @@ def run_ranks(
 ) -> Outcome:
     """Start this node's ranks for one attempt, supervise them, clean up after them."""
     plan, world = prepared.plan, seated(self.world, roster)
-    lay = node_layout(plan, world, prepared.topology)
-    specs = rank_specs(
+    specs = seat_specs(
         plan,
-        world,
-        lay,
+        self.world,
+        roster,
+        prepared.topology,
         attempt=attempt,
         port=port,
         config_file=prepared.config_file,
         environ=self.environ,
     )
     ranks = [s.rank for s in specs]
-    log.info("attempt %d: starting ranks %s on %s", attempt, _span(ranks), world.host)
-    desk = StackDesk(scope, roster.nodes, world.host, lambda: _live(sup), private_dir())
+    log.info(
+        "attempt %d: starting ranks %s on %s", attempt, format_ranges(ranks) or "none", world.host
+    )
+    stage = self.stage.at(attempt)
+    desk = StackDesk(scope, roster.nodes, world.host, lambda: _live(sup), private_dir(), stage)
     desk.start()
     sup = Supervisor(
         specs,
-        attempt=attempt,
+        stage=stage,
         events=self.events,
         report=lambda record: self.report(scope, record),
         grace=plan.options.grace,
@@ -62,12 +67,12 @@ def run_ranks(
     self.show_desk(desk)
     scope.watch(
         self.stop,
-        lambda record: self.events.put(AbortSeen(attempt, record)),
+        lambda record: self.events.put(AbortSeen(stage, record)),
         lambda why: self.events.put(StoreLost(why)),
     )
     early = scope.failure()  # someone failed before our watcher started
     if early is not None:
-        self.events.put(AbortSeen(attempt, early))
+        self.events.put(AbortSeen(stage, early))
     console = ConsoleView(plan.options, self.sinks)
     warm = self.warm if self.warm is not None and self.warm.enabled else None
     warm = None if plan.options.cold else warm
@@ -142,7 +147,3 @@ def _forget_dumps(sup: Supervisor) -> None:
     for worker in getattr(sup, "workers", []) if directory else ():
         with contextlib.suppress(OSError):
             os.unlink(fallback_path(directory, worker.proc.pid))
-
-
-def _span(ranks: list[int]) -> str:
-    return f"{ranks[0]}-{ranks[-1]}" if len(ranks) > 1 else str(ranks[0]) if ranks else "none"

@@ -26,8 +26,8 @@ class BindingCheck:
 
     def verify(self, workers: Sequence[Worker]) -> list[str]:
         """Check every rank that has exec'd its own program since the last call; warnings."""
-        from agent.plan.topology import format_cpulist
-        from agent.run.numa_apply import read_binding
+        from agent.plan.rank_set import format_ranges
+        from agent.warm.numa_apply import read_binding
 
         warnings = []
         for worker in workers:
@@ -40,10 +40,10 @@ class BindingCheck:
                 cpus, policy = read_binding(worker.proc.pid)
             except OSError:
                 continue
-            seen = f"cpus {format_cpulist(cpus)}, memory {policy}"
+            seen = f"cpus {format_ranges(cpus)}, memory {policy}"
             self.seen[rank] = seen
             if cpus != frozenset(placement.cpus):
-                msg = f"rank {rank} runs on {seen} but was planned on cpus {format_cpulist(placement.cpus)}"
+                msg = f"rank {rank} runs on {seen} but was planned on cpus {format_ranges(placement.cpus)}"
                 warnings.append(msg)
                 log.warning(msg)
             else:

@@ -43,7 +43,7 @@ def main(argv: list[str]) -> int:
     if cpus != "-" or mems != "-":
         sys.path[:0] = paths.split(os.pathsep)
         from agent.errors import AgentError
-        from agent.run.numa_apply import apply_binding
+        from agent.warm.numa_apply import apply_binding
 
         try:
             for warning in apply_binding(_ints(cpus), _ints(mems), policy == "strict"):

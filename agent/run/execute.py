@@ -18,8 +18,10 @@ from typing import Any
 from agent.console.view import Sinks
 from agent.errors import ExitCode
 from agent.hang.desk import StackDesk
+from agent.node import stage as stages
 from agent.node.scope import Scope
 from agent.node.signals import Signals
+from agent.node.stage import Stage
 from agent.plan.roster import Exclusion, Roster, Shortfall
 from agent.plan.run_plan import RunPlan
 from agent.run import outputs, workers
@@ -41,12 +43,14 @@ class Attempts:
     """Everything the attempts of one run need from the node agent that executes them."""
 
     world: World
+    stage: Stage  # the run (its attempts: stage.at(k)); in every event and log line of it
     scope_of: Callable[[str], Scope]  # "a<k>" / "l<k>" → that scope of the run
     events: Any  # queue.SimpleQueue of supervisor events
     signals: Signals
     report: Callable[[Scope, dict[str, Any]], dict[str, Any] | None]  # any thread; None: lost
     enter: Callable[..., None]  # (scope, active peers → node rank): where failures go now
     serve_workers: Callable[[], int]  # node 0: a fresh store for one attempt's ranks
+    close_workers: Callable[[], None]  # node 0: the last attempt's store closed (run's end)
     environ: Mapping[str, str]
     stop: threading.Event
     lost_results: Callable[[Scope], list[dict[str, Any]]]  # node 0: failures of lost nodes
@@ -62,12 +66,19 @@ class Attempts:
     seatings: list[dict[str, Any]] = field(default_factory=list)  # node 0: ranks.json
 
     def execute(self, prepared: Prepared) -> int:
+        try:
+            return self._attempts(prepared)
+        finally:
+            self.close_workers()  # a run closes what it opened
+
+    def _attempts(self, prepared: Prepared) -> int:
         world, me = self.world, self.world.agent_index
         leader = me == 0
         roster = self.roster or Roster.initial(world.agents, prepared.plan.options.spares)
         history: list[dict[str, Any]] = []
         attempt = 0
         while True:
+            stages.enter(self.stage.at(attempt))
             lineup = roll_call(self, prepared, roster, attempt)
             self.roster = roster = lineup.roster
             if leader:

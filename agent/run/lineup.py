@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agent.errors import AgentError, ExitCode, PeerFailed
+from agent.node.events import StoreLost, drained
 from agent.node.scope import Scope
 from agent.plan.roster import Exclusion, Roster
 from agent.plan.run_plan import RunPlan
@@ -164,8 +165,6 @@ def check_wait(
 ) -> dict[str, Any] | None:
     """One look while waiting in `scope`: raises when node 0 vanished (the heartbeat's StoreLost
     event); the failure that ends the wait, if there is one."""
-    from agent.run.supervisor import StoreLost, drained
-
     for event in drained(events):
         if isinstance(event, StoreLost):
             raise AgentError(f"{event.why}: node 0's agent is gone", ExitCode.RENDEZVOUS)

@@ -14,6 +14,7 @@ from typing import Any
 
 from agent.errors import AgentError, ExitCode, PeerFailed
 from agent.node.scope import VALUE_LIMIT, Scope, TooLarge, could_not
+from agent.node.stage import StageFilter
 from agent.plan import checks
 from agent.plan.layout import NodeLayout
 from agent.plan.roster import Roster, seated
@@ -136,5 +137,6 @@ def _log_to_file(log_dir: str, agent_index: int) -> None:
             log.removeHandler(handler)  # a new run of a resident agent: a new log dir
             handler.close()
     handler = logging.FileHandler(path)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+    handler.addFilter(StageFilter())
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s%(stage)s %(message)s"))
     log.addHandler(handler)

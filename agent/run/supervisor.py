@@ -11,34 +11,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from agent.node.events import AbortSeen, StoreLost
 from agent.node.signals import STOP, Signalled
+from agent.node.stage import Stage
 from agent.plan.ranks import RankSpec
 from agent.run import workers as w
 from agent.run.binding_check import BindingCheck
 from agent.run.summary import RankExit, failure_record, node_failure
 
 log = logging.getLogger("agent")
-
-
-@dataclass(frozen=True)
-class AbortSeen:
-    attempt: int
-    record: dict[str, Any]
-
-
-@dataclass(frozen=True)
-class StoreLost:
-    why: str
-
-
-def drained(events: Any) -> list[Any]:
-    """Every event waiting on a SimpleQueue, without blocking (for waits outside a supervisor)."""
-    found = []
-    while True:
-        try:
-            found.append(events.get_nowait())
-        except queue.Empty:
-            return found
 
 
 @dataclass
@@ -62,7 +43,7 @@ class Supervisor:
         self,
         specs: Sequence[RankSpec],
         *,
-        attempt: int,
+        stage: Stage,  # this attempt of this run: an abort of any other is not ours
         events: queue.SimpleQueue,
         report: Callable[[dict[str, Any]], dict[str, Any] | None],
         grace: float,
@@ -75,7 +56,8 @@ class Supervisor:
         self.slurm_signals_ranks = slurm_signals_ranks
         self.specs = specs
         self.procs = processes or w.Processes()
-        self.attempt = attempt
+        self.stage = stage
+        self.attempt = stage.attempt or 0
         self.events = events
         self._report = report  # publishes the job's first failure (never raises)
         self.grace = grace
@@ -96,12 +78,12 @@ class Supervisor:
             if isinstance(event, w.RankExited):
                 alive -= 1
                 self._on_exit(event)
-            elif isinstance(event, AbortSeen) and event.attempt == self.attempt:
+            elif isinstance(event, AbortSeen) and event.stage == self.stage:
                 self._on_abort(event.record)
             elif isinstance(event, StoreLost):
                 self.outcome.store_lost = self.outcome.store_lost or event.why
                 self._stop("the job store is gone: node 0's agent died or the network broke")
-            elif isinstance(event, Signalled):
+            elif isinstance(event, Signalled) and event.run in (None, self.stage.run):
                 self._on_signal(event.signum, event.how)
         self.procs.kill(self._stragglers)
         return self.outcome

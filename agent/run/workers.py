@@ -10,7 +10,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,24 +42,43 @@ class Worker:
     warm: bool = False  # forked from the warm interpreter
 
 
-def _wrapped(spec: RankSpec) -> list[str]:
-    p = spec.placement
-    cpus = ",".join(map(str, p.cpus)) if p.cpus else "-"
-    mems = ",".join(map(str, p.mem_nodes)) if p.mem_nodes else "-"
-    policy = "strict" if p.strict else "preferred"
+def wrapper_argv(
+    command: Sequence[str],
+    *,
+    cpus: Iterable[int] | str = (),
+    mems: Iterable[int] | str = (),
+    strict: bool = False,
+    paths: str = "-",
+    parent: int | None = None,
+) -> list[str]:
+    """The command line that runs `command` under the exec wrapper (child.py); the one builder (ranks,
+    `agent exec`, the benchmarks): dies with `parent` (default: the caller), bound to `cpus`
+    and `mems` when given; `paths` as the agent's workers.child_paths()."""
     return [
         sys.executable,
         "-S",
         "-E",
         CHILD_WRAPPER,
-        str(os.getpid()),
-        cpus,
-        mems,
-        policy,
-        child_paths(),
+        str(os.getpid() if parent is None else parent),
+        _spelled(cpus),
+        _spelled(mems),
+        "strict" if strict else "preferred",
+        paths or "-",
         "--",
-        *spec.argv,
+        *command,
     ]
+
+
+def _spelled(numbers: Iterable[int] | str) -> str:
+    text = numbers if isinstance(numbers, str) else ",".join(map(str, numbers))
+    return text or "-"
+
+
+def _wrapped(spec: RankSpec) -> list[str]:
+    p = spec.placement
+    return wrapper_argv(
+        spec.argv, cpus=p.cpus or (), mems=p.mem_nodes or (), strict=p.strict, paths=child_paths()
+    )
 
 
 @functools.cache

@@ -15,13 +15,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, TextIO
 
+from agent.control import connection
+from agent.control.wire import Channel, WireError, connect, unpack_bytes
 from agent.errors import AgentError, ExitCode
 from agent.node.signing import load_secret
 from agent.node.trust import JobKeys
-from agent.serve import connection
 from agent.serve.forward import GaveUp, StopSignals
 from agent.serve.status_view import render_status
-from agent.serve.wire import Channel, WireError, connect, unpack_bytes
 
 _SLICE = 0.25  # the longest a forwarded Ctrl-C waits before it is sent to node 0
 _STOPPING = "[agent] stopping the run on every node (Ctrl-C again to stop waiting)\n"
@@ -38,6 +38,7 @@ class Target:
     path: Path
     pid: int = 0  # who wrote the file, for messages about a stale one
     hostname: str = ""
+    run: int | None = None  # a run's control.json: the run it belongs to
 
 
 def locate(environ: Mapping[str, str], home: Path, explicit: str | None) -> Target:
@@ -51,6 +52,7 @@ def locate(environ: Mapping[str, str], home: Path, explicit: str | None) -> Targ
         path,
         record["pid"],
         record["hostname"],
+        run if isinstance(run := record.get("run"), int) and not isinstance(run, bool) else None,
     )
 
 

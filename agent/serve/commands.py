@@ -25,7 +25,10 @@ def main(action: str, argv: Sequence[str], environ: Mapping[str, str]) -> int:
         if action == "stacks":
             native = "--native" in command.argv
             ranks = command.argv[-1]
-            channel.send({"op": "stacks", "native": native, "ranks": ranks})
+            request = {"op": "stacks", "native": native, "ranks": ranks}
+            if target.run is not None:  # LOG_DIR's run: never a later run's ranks
+                request["run"] = target.run
+            channel.send(request)
             reply = client.answer(channel, "stacks", 60.0, sys.stdout)
             text = reply.get("text", "") if isinstance(reply, dict) else ""
             sys.stdout.write(text if text.endswith("\n") or not text else text + "\n")

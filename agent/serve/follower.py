@@ -11,13 +11,15 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from agent.control import wire
 from agent.errors import AgentError, ExitCode, PeerFailed
 from agent.node.agent import NodeAgent
+from agent.node.events import StoreLost, drained
 from agent.node.scope import Scope
 from agent.node.signals import Interrupted
-from agent.run.supervisor import StoreLost, drained
+from agent.node.stage import Stage
+from agent.run.node_run import Session
 from agent.run.warm_source import WarmSource
-from agent.serve import wire
 from agent.serve.relay import ChannelOut
 
 log = logging.getLogger("agent")
@@ -25,9 +27,10 @@ log = logging.getLogger("agent")
 
 def follow(agent: NodeAgent, warm: WarmSource, read_topology: Callable[[str], Any]) -> int:
     feed = _open_feed(agent)
+    session = Session(agent)  # the runs of this resident agent
     number = 0
     while True:
-        scope = agent._scope(f"r{number}", wakes=("plan", "done"))
+        scope = agent.scope(Stage(number).scope(), wakes=("plan", "done"))
         _await(agent, scope)
         failure = scope.failure()
         if failure is not None and failure.get("kind") == "down":
@@ -37,7 +40,7 @@ def follow(agent: NodeAgent, warm: WarmSource, read_topology: Callable[[str], An
 
         sinks = Sinks(ChannelOut(feed, 1, number), ChannelOut(feed, 2, number))
         try:
-            agent.execute(number, None, read_topology, warm=warm, sinks=sinks)
+            session.execute(number, None, read_topology, warm=warm, sinks=sinks)
         except PeerFailed as exc:
             log.warning("run %d ended: %s", number, exc.message)
         except AgentError as exc:  # ours (a missing script here, say): everyone must hear of it

@@ -17,10 +17,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from agent.control import wire
+from agent.control.stacks_service import stacks_reply
 from agent.node.agent import NodeAgent
 from agent.node.signals import Signalled
-from agent.serve import wire
-from agent.serve.control import stacks_reply
 from agent.serve.runner import RunRunner
 
 log = logging.getLogger("agent")
@@ -91,7 +91,7 @@ class Leader:
         elif op == "feed":
             self._feed(channel, first)
         elif op == "stacks":
-            _send(channel, stacks_reply(self.agent, first))
+            _send(channel, stacks_reply(self.runner.session, first))
         else:
             _send(channel, {"error": f"unknown request {str(op)[:40]!r}", "code": 2})
 
@@ -130,11 +130,12 @@ class Leader:
                 self._interrupt(channel, _SIGNALS[name], f"the client sent {name}")
 
     def _interrupt(self, channel: wire.Channel, signum: int, how: str) -> None:
-        with self._lock:
-            mine = self.active is not None and self.active.channel is channel
-        if mine:
-            log.warning("stopping run %d: %s", self.run, how)
-            self.agent.events.put(Signalled(signum, how))
+        with self._lock:  # the run it stops is named: a late one never reaches the next run
+            active = self.active if self.active and self.active.channel is channel else None
+            if active is not None:
+                self.agent.events.put(Signalled(signum, how, active.run))
+        if active is not None:
+            log.warning("stopping run %d: %s", active.run, how)
 
     def _down(self, channel: wire.Channel) -> None:
         with self._lock:

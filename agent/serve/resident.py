@@ -17,14 +17,15 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from agent.control import connection
+from agent.control.endpoint import Endpoint
 from agent.errors import AgentError
 from agent.launch.node_start import node_agent, node_world, topology_at
 from agent.node.agent import NodeAgent, lost_store_error
 from agent.node.signals import Interrupted
+from agent.node.stage import Stage
 from agent.run.warm_source import WarmSource, preload_modules
-from agent.serve import connection
 from agent.serve.cli import ServeCommand
-from agent.serve.endpoint import Endpoint
 from agent.serve.follower import follow
 from agent.serve.leader import Leader
 from agent.serve.runner import RunRunner
@@ -75,16 +76,7 @@ def _lead(agent: NodeAgent, leader: Leader, warm: WarmSource, environ: dict[str,
     agent.membership.scope.put("endpoint", {"port": endpoint.port})
     w = agent.world
     path = connection.path_for(environ, Path.home(), w.job_id or "local")
-    record = {
-        "host": w.master_addr,
-        "port": endpoint.port,
-        "job": w.job_id or "",
-        "step": w.step_id or "",
-        "pid": os.getpid(),
-        "hostname": w.host,
-        "started": time.time(),
-    }
-    connection.write(path, record)
+    connection.write(path, connection.record_for(w, endpoint.port))
     log.info("serving %d node(s); clients: python -m agent run|status|down (%s)", w.agents, path)
     try:
         client = leader.loop()
@@ -106,7 +98,7 @@ def _stop_everyone(agent: NodeAgent, leader: Leader | None, how: str) -> None:
     """Node 0: wake every waiting agent with a `down` record in the next run's scope."""
     if leader is None or agent.store is None or not agent.met:
         return
-    scope = agent._scope(f"r{leader.run}", wakes=("plan", "done"))
+    scope = agent.scope(Stage(leader.run).scope(), wakes=("plan", "done"))
     try:
         scope.on(agent.store.another_client(op_timeout=2.0)).report(
             {"kind": "down", "how": how, "agent": 0, "time": time.time()}, slot="down"

@@ -14,17 +14,18 @@ from collections.abc import Callable
 from typing import Any
 
 from agent.console.view import Sinks
+from agent.control import wire
+from agent.control.stacks_service import write_control
 from agent.errors import AgentError, ExitCode, PeerFailed
 from agent.node.agent import NodeAgent
+from agent.node.events import StoreLost, drained
 from agent.node.signals import Interrupted
 from agent.plan.client_env import client_env
 from agent.plan.roster import Exclusion, Roster, Shortfall
 from agent.plan.run_plan import Request, RunPlan, decide
-from agent.run.supervisor import StoreLost, drained
+from agent.run.node_run import Session
 from agent.run.warm_source import WarmSource
-from agent.serve import wire
 from agent.serve.cli import parse_run
-from agent.serve.control import write_control
 from agent.serve.relay import ChannelOut, forward_logs
 
 log = logging.getLogger("agent")
@@ -35,6 +36,7 @@ MAX_VARS = 16384
 class RunRunner:
     def __init__(self, agent: NodeAgent, warm: WarmSource, read_topology: Callable) -> None:
         self.agent, self.warm, self.read_topology = agent, warm, read_topology
+        self.session = Session(agent)  # the runs of this resident agent
         self.offered = False  # the last run got as far as publishing its plan
         self.port = 0  # node 0's endpoint, named in each run's control.json
 
@@ -63,12 +65,17 @@ class RunRunner:
 
         with forward_logs(channel, self.agent.world.host):
             try:
-                self.agent.offer(number, plan)
+                self.session.offer(number, plan)
                 self.offered = True
                 if self.port:
-                    write_control(plan.log_dir, self.agent, self.port)
-                code = self.agent.execute(
-                    number, plan, self.read_topology, warm=self.warm, sinks=sinks, replan=replan
+                    write_control(plan.log_dir, self.agent.world, self.port, number)
+                code = self.session.execute(
+                    number,
+                    plan,
+                    self.read_topology,
+                    warm=self.warm,
+                    sinks=sinks,
+                    replan=replan,
                 )
             except AgentError as exc:
                 if not isinstance(exc, PeerFailed):  # ours: the other nodes must hear of it
@@ -101,7 +108,7 @@ class RunRunner:
             log_dir=_default_log_dir(cwd, agent.world.job_id, number),
         )
         plan = decide(request, agent.world, self.read_topology)
-        _check_losses(agent, plan)
+        _check_losses(agent, self.session.roster, plan)
         self.request = request  # for a smaller world, planned again (--min-nodes)
         return plan
 
@@ -112,7 +119,7 @@ class RunRunner:
             self.agent.reporter.report(self.agent.phase, {**record, "time": time.time()})
 
 
-def _check_losses(agent: NodeAgent, plan: RunPlan) -> None:
+def _check_losses(agent: NodeAgent, roster: Roster | None, plan: RunPlan) -> None:
     """Agents lost since the last run are out of this one: a spare takes a lost node's place in
     the roll call (or, with --min-nodes, the world shrinks). Refused now when neither can."""
     reporter = agent.reporter
@@ -120,7 +127,7 @@ def _check_losses(agent: NodeAgent, plan: RunPlan) -> None:
     if not lost:
         return
     options = plan.options
-    roster = agent.roster or Roster.initial(agent.world.agents, options.spares)
+    roster = roster or Roster.initial(agent.world.agents, options.spares)
     out = [Exclusion(i, agent.names[i], reporter.lost_reason[i], 0) for i in lost]
     try:
         roster.without(out, options.min_nodes)

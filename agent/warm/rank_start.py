@@ -145,7 +145,7 @@ def _bind(cpus: list[int], mems: list[int], strict: bool, origin: Origin) -> int
     """As agent/run/child.py does for a fresh rank: warnings on stderr, or exit 2."""
     sys.path[:0] = origin.paths.split(os.pathsep)
     from agent.errors import AgentError
-    from agent.run.numa_apply import apply_binding
+    from agent.warm.numa_apply import apply_binding
 
     try:
         for warning in apply_binding(cpus, mems, strict):

@@ -44,6 +44,7 @@ from agent.node.agent import NodeAgent, NodeSettings  # noqa: E402
 from agent.plan.run_plan import Request, decide  # noqa: E402
 from agent.plan.topology import read_topology  # noqa: E402
 from agent.run import outputs  # noqa: E402
+from agent.run.node_run import Session  # noqa: E402
 from agent.run.workers import RankExited, Worker  # noqa: E402
 from agent.world import World  # noqa: E402
 
@@ -266,6 +267,7 @@ class Slot:
         self.agent = ScaleAgent(
             world=world, settings=SETTINGS, secret=SECRET, environ={"PATH": os.defpath}
         )
+        self.session = Session(self.agent)
         self.node = FakeNode()
         self.joined: float | None = None
         self.received: float | None = None  # the plan received, opened, parsed, checked
@@ -300,7 +302,7 @@ class Slot:
             agent.meet()
             self.joined = time.monotonic()
             self.cpu["joined"] = time.thread_time()
-            self.code = agent.execute(0, plan, self.topology, spawn=self.node.spawn)
+            self.code = self.session.execute(0, plan, self.topology, spawn=self.node.spawn)
             self.finished = time.monotonic()
             agent.leave()
             self.left = time.monotonic()
@@ -421,7 +423,7 @@ def main(argv: list[str]) -> int:
         request = Request(script, (config,), (), (), given)
         plan = decide(request, slot.agent.world, slot.topology)
         slot.planned = None
-        slot.agent.offer(0, plan)
+        slot.session.offer(0, plan)
         slots = [slot]
         threads = [threading.Thread(target=slot.run, args=(go, plan), daemon=True)]
     else:

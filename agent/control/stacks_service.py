@@ -1,6 +1,6 @@
 """Node 0's answers to `agent stacks`, for one-shot jobs and resident agents alike.
 
-A one-shot node 0 opens the same authenticated endpoint as resident agents (agent.serve.endpoint)
+A one-shot node 0 opens the same authenticated endpoint as resident agents (agent.control.endpoint)
 and writes its connection record into the run's log dir (`control.json`), so `python -m agent
 stacks LOG_DIR` finds a live job from its logs; resident agents write it into each run's log dir.
 """
@@ -13,10 +13,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from agent.control import connection, wire
 from agent.errors import AgentError
-from agent.node.agent import NodeAgent
 from agent.plan.rank_set import parse_rank_set
-from agent.serve import connection, wire
+from agent.run.node_run import Session
+from agent.world import World
 
 log = logging.getLogger("agent")
 CONTROL_FILE = "control.json"
@@ -24,11 +25,14 @@ CAPTURE_SECONDS = 2.0
 NATIVE_SECONDS = 8.0  # native unwinding is ~5x slower per rank, and every rank dumps at once
 
 
-def stacks_reply(agent: NodeAgent, message: dict[str, Any]) -> dict[str, Any]:
+def stacks_reply(session: Session, message: dict[str, Any]) -> dict[str, Any]:
     """Every rank's stack now, collated; or an error when no attempt is running."""
-    desk = agent.desk
+    desk = session.desk
     if desk is None:
         return {"error": "no ranks are running right now (between attempts or runs)", "code": 2}
+    run = message.get("run")  # the run whose control.json the client read (None: any)
+    if isinstance(run, int) and desk.stage is not None and desk.stage.run != run:
+        return {"error": f"run {run} is over (run {desk.stage.run} is running now)", "code": 2}
     try:
         wanted = parse_rank_set(str(message.get("ranks") or "all"), "--ranks")
     except AgentError as exc:
@@ -47,40 +51,31 @@ def stacks_reply(agent: NodeAgent, message: dict[str, Any]) -> dict[str, Any]:
 class Control:
     """The one-shot node 0's endpoint handler: only `stacks`."""
 
-    def __init__(self, agent: NodeAgent) -> None:
-        self.agent = agent
+    def __init__(self, session: Session) -> None:
+        self.session = session
 
     def handle(self, channel: wire.Channel, first: dict[str, Any]) -> None:
         if first.get("op") == "stacks":
-            channel.send(stacks_reply(self.agent, first))
+            channel.send(stacks_reply(self.session, first))
         else:
             channel.send(
                 {"error": "this job runs one-shot: only `agent stacks` is served", "code": 2}
             )
 
 
-def open_control(agent: NodeAgent, log_dir: str) -> tuple[Any, str | None]:
+def open_control(session: Session, log_dir: str) -> tuple[Any, str | None]:
     """One-shot node 0: the endpoint for `agent stacks` and its control.json."""
-    from agent.serve.endpoint import Endpoint
+    from agent.control.endpoint import Endpoint
 
-    endpoint = Endpoint(agent.keys.client_key, Control(agent))
+    endpoint = Endpoint(session.node.keys.client_key, Control(session))
     endpoint.start()
-    return endpoint, write_control(log_dir, agent, endpoint.port)
+    return endpoint, write_control(log_dir, session.node.world, endpoint.port, 0)
 
 
-def write_control(log_dir: str, agent: NodeAgent, port: int) -> str | None:
+def write_control(log_dir: str, world: World, port: int, run: int) -> str | None:
     """LOG_DIR/control.json (0600): where `agent stacks LOG_DIR` finds node 0."""
-    w = agent.world
     path = os.path.join(log_dir, CONTROL_FILE)
-    record = {
-        "host": w.master_addr,
-        "port": port,
-        "job": w.job_id or "",
-        "step": w.step_id or "",
-        "pid": os.getpid(),
-        "hostname": w.host,
-        "started": time.time(),
-    }
+    record = connection.record_for(world, port, run)
     try:
         from agent.run.outputs import prepare_log_dir
 

@@ -1,4 +1,4 @@
-"""The session half of `agent.serve.wire`: AES-GCM frames under a key the handshake agreed.
+"""The session half of `agent.control.wire`: AES-GCM frames under a key the handshake agreed.
 
 Every frame is AES-GCM of compact JSON; the nonce is a direction byte (0 client to server, 1
 server to client) and an 11-byte count of the frames sent that way, so each side accepts
@@ -18,8 +18,8 @@ from typing import Any
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
+from agent.control.framing import FrameReader, WireError, decode_json, encode_json, write_frame
 from agent.errors import ExitCode
-from agent.serve.framing import FrameReader, WireError, decode_json, encode_json, write_frame
 
 MAX_FRAME = 16 << 20
 _TAG = 16

@@ -14,11 +14,15 @@ import contextlib
 import json
 import os
 import secrets
+import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agent.errors import AgentError, ExitCode
+
+if TYPE_CHECKING:  # clients read records without importing the world sources
+    from agent.world import World
 
 STATE_ENV = "AGENT_STATE_DIR"
 STATE_RELPATH = Path(".cache") / "launch-agent"
@@ -45,6 +49,23 @@ def state_dir(environ: Mapping[str, str], home: Path) -> Path:
 
 def path_for(environ: Mapping[str, str], home: Path, job_id: str) -> Path:
     return state_dir(environ, home) / f"serve-{_checked_job_id(job_id)}.json"
+
+
+def record_for(world: World, port: int, run: int | None = None) -> dict[str, Any]:
+    """The one connection record: where node 0's endpoint listens, for whom, since when (a
+    run's control.json also names its run, so `agent stacks LOG_DIR` never asks a later one)."""
+    record: dict[str, Any] = {
+        "host": world.master_addr,
+        "port": port,
+        "job": world.job_id or "",
+        "step": world.step_id or "",
+        "pid": os.getpid(),
+        "hostname": world.host,
+        "started": time.time(),
+    }
+    if run is not None:
+        record["run"] = run
+    return record
 
 
 def write(path: Path, record: Mapping[str, Any]) -> None:

@@ -25,9 +25,9 @@ import os
 import socket
 import time
 
+from agent.control.channel import CLIENT, MAX_FRAME, SERVER, Channel
+from agent.control.framing import FrameReader, WireError, recv_plain, send_plain
 from agent.errors import ExitCode
-from agent.serve.channel import CLIENT, MAX_FRAME, SERVER, Channel
-from agent.serve.framing import FrameReader, WireError, recv_plain, send_plain
 
 __all__ = [
     "MAX_FRAME",

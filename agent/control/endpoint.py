@@ -1,7 +1,7 @@
 """Node 0's door: clients (run, status, down) and the other agents' console feeds connect here.
 
 Anyone on the cluster network can connect, so nothing is read before the peer has proved it
-holds the job's secret (agent.serve.wire: HMAC challenge both ways, then AES-GCM frames). Each
+holds the job's secret (agent.control.wire: HMAC challenge both ways, then AES-GCM frames). Each
 connection gets a thread; their number is bounded, and so is the time a peer may take to
 authenticate and to say what it wants.
 """
@@ -14,8 +14,8 @@ import socket
 import threading
 from typing import Any, Protocol
 
+from agent.control import wire
 from agent.errors import AgentError
-from agent.serve import wire
 
 log = logging.getLogger("agent")
 HANDSHAKE_TIMEOUT = 10.0

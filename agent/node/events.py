@@ -1,0 +1,31 @@
+"""What reaches a node's supervisor besides rank exits and signals: the abort of an attempt seen
+in the store (named by its stage: nothing of run N is taken for run N+1), and the store's loss."""
+
+from __future__ import annotations
+
+import queue
+from dataclasses import dataclass
+from typing import Any
+
+from agent.node.stage import Stage
+
+
+@dataclass(frozen=True)
+class AbortSeen:
+    stage: Stage  # the run and attempt whose abort key was set
+    record: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class StoreLost:
+    why: str
+
+
+def drained(events: Any) -> list[Any]:
+    """Every event waiting on a SimpleQueue, without blocking (for waits outside a supervisor)."""
+    found = []
+    while True:
+        try:
+            found.append(events.get_nowait())
+        except queue.Empty:
+            return found

@@ -1,0 +1,78 @@
+"""Run identity: nothing of one resident run reaches the next (issue 24).
+
+Two resident agents on loopback; a run whose ranks fail at once, then at once a healthy run
+(two ranks meeting in gloo's init_process_group), many times over. Every healthy run must
+succeed, none may hang, and none may hear of the failed run's failure.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from pathlib import Path
+
+import pytest
+from cluster import FIXTURE, REPO, wait_for
+from serving import Serving
+
+pytestmark = pytest.mark.e2e
+
+PAIRS = int(os.environ.get("RUN_IDENTITY_PAIRS", "4"))
+DIST = str(REPO / "tests" / "fixtures" / "warm_dist.py")
+STALE = ("failure elsewhere", "tearing down", "exit code 3", "first failure")
+
+
+@pytest.fixture(scope="module")
+def two(tmp_path_factory):
+    serving = Serving(tmp_path_factory.mktemp("identity"), 2)
+    try:
+        yield serving.start().ready()
+    finally:
+        serving.kill()
+
+
+def _log_dir(two: Serving, stderr: str) -> Path:
+    return two.tmp / stderr.split("logs in ", 1)[1].split()[0]
+
+
+def test_a_failed_run_never_reaches_the_run_after_it(two):
+    if True:
+        started = time.monotonic()
+        for pair in range(PAIRS):
+            failed = two.call("run", FIXTURE, "--exit", "3", timeout=60)
+            assert failed.returncode != 0, failed.stderr + two.dump()
+            healthy = two.call("run", DIST, timeout=60)  # hung: an AssertionError naming it
+            said = healthy.stdout + healthy.stderr
+            assert healthy.returncode == 0, f"pair {pair}:\n{said}\n{two.dump()}"
+            assert said.count("sum 3") == 2, said
+            assert not [s for s in STALE if s in said], f"pair {pair}:\n{said}"
+        elapsed = time.monotonic() - started
+        # Each agent's lines name their run: the healthy runs (odd numbers) never tore down.
+        for agent in two.agents:
+            for line in agent.stderr().splitlines():
+                found = re.search(r"\[agent \S+ r(\d+)\.a\d+\]", line)
+                if found and int(found.group(1)) % 2 == 1:
+                    assert not [s for s in STALE if s in line], line
+        print(f"{PAIRS} pairs in {elapsed:.1f} s")
+
+
+def test_stacks_of_a_finished_run_never_show_the_next_runs_ranks(two, tmp_path):
+    first = two.call("run", FIXTURE)
+    assert first.returncode == 0, first.stderr
+    flag = tmp_path / "flag"
+    live = two.client("run", FIXTURE, "--until-file", str(flag), "--ready-to", str(tmp_path))
+    try:
+        ready = [tmp_path / "ready-0", tmp_path / "ready-1"]
+        wait_for(lambda: all(p.exists() for p in ready), 60, "the second run's ranks")
+        done = _log_dir(two, first.stderr)
+        controls = (two.tmp / "logs").glob(f"{two.job}.run*/control.json")
+        running = max((p.parent for p in controls), key=lambda d: d.stat().st_mtime)
+        assert running != done
+        old = two.call("stacks", str(done), timeout=60)
+        assert old.returncode != 0 and "is over" in old.stderr, old.stdout + old.stderr
+        now = two.call("stacks", str(running), timeout=60)
+        assert now.returncode == 0 and "ranks 0-1 (2 ranks" in now.stdout, now.stdout + now.stderr
+    finally:
+        flag.touch()
+        assert live.wait(60) == 0, live.stderr.read().decode()
