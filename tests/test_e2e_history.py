@@ -7,7 +7,10 @@ import os
 import subprocess
 import sys
 
+import pytest
 from cluster import FIXTURE, REPO
+
+pytestmark = pytest.mark.e2e  # every test here starts agents
 
 
 def history(env: dict[str, str], *argv: str) -> subprocess.CompletedProcess:
