@@ -70,3 +70,25 @@ def test_unwritable_history_warns_once_and_the_job_is_unaffected(cluster_factory
     user = {**os.environ, "PYTHONPATH": str(REPO), **env}
     listed = json.loads(history(user, "--json").stdout)
     assert [j["job_id"] for j in listed] == [cluster.job]
+
+
+def test_resident_runs_are_recorded_one_by_one(tmp_path):
+    from serving import Serving
+
+    serving = Serving(tmp_path, 1).start()
+    try:
+        serving.ready()
+        assert serving.call("run", FIXTURE).returncode == 0
+        failed = serving.call("run", FIXTURE, "--exit", "5")
+        assert failed.returncode == 1, failed.stderr
+        listed = serving.call("history", "--json")
+        assert listed.returncode == 0, listed.stderr
+        runs = [(j["job"], j["exit_code"], j["cause"]) for j in json.loads(listed.stdout)]
+        assert runs == [
+            (f"{serving.job}.0", 0, None),
+            (f"{serving.job}.1", 1, "rank 0 on 127.0.0.1 (node 0) exit code 5"),
+        ]
+        assert serving.call("down").returncode == 0
+        assert serving.wait(30) == [0], serving.dump()
+    finally:
+        serving.kill()

@@ -314,3 +314,14 @@ def test_cli_reads_the_fallback_too(tmp_path):
     _append(blocker / "state", SUMMARY_RESTART, TMPDIR=str(tmp_path / "tmp"))
     listed = cli(tmp_path, "--json", state=blocker / "state")
     assert [j["job"] for j in json.loads(listed.stdout)] == ["78.0"], listed.stderr
+
+
+def test_node_zero_records_every_job_of_a_long_lived_process(tmp_path):
+    """A resident agent records run after run from one process (the hook is called repeatedly)."""
+    from agent import history
+
+    environ = {"AGENT_STATE_DIR": str(tmp_path / "state")}
+    for summary in (SUMMARY_OK, SUMMARY_RESTART, SUMMARY_OK):
+        assert history.record_job(summary, environ) == tmp_path / "state" / "history.sqlite"
+    jobs = store.read(tmp_path / "state" / "history.sqlite")
+    assert [(s.record.job_id, s.run) for s in jobs] == [("77", 0), ("78", 0), ("77", 1)]

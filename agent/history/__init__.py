@@ -1,6 +1,6 @@
 """Every job and resident run of this user, and each of their attempts, in a SQLite database.
 
-Node 0 calls `record(summary, environ)` once it has written summary.json (agent.run.outputs);
+Node 0 calls `record_job(summary, environ)` once it has written summary.json (agent.run.outputs);
 `python -m agent history [JOB[.RUN]] [--last N] [--failed] [--json]` reads it back. Layer: below
 run, serve and launch (none of which it imports), beside logs; it never imports torch.
 
@@ -37,16 +37,16 @@ class HistoryCommand:
     as_json: bool
 
 
-def record(summary: Mapping[str, Any], environ: Mapping[str, str]) -> Path | None:
+def record_job(summary: Mapping[str, Any], environ: Mapping[str, str]) -> Path | None:
     """Node 0, a job or run ended: append it (never raises; one warning line when it has to
     use the fallback database or cannot record at all)."""
     import logging
 
-    from agent.history.record import from_summary
-    from agent.history.store import append
-
     warn = logging.getLogger("agent").warning
     try:
+        from agent.history.record import from_summary
+        from agent.history.store import append
+
         home = _home(environ)
         return append(from_summary(summary, time.time()), environ, home, os.getuid(), warn)
     except Exception as exc:  # a history must never fail the job it records

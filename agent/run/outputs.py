@@ -94,7 +94,7 @@ def write_summary(log_dir: str, summary: Mapping[str, Any]) -> str | None:
         log.error("cannot write %s (%s)", path, exc.strerror or exc)
         return None
     finally:
-        history.record(summary, os.environ)  # the user's job history; never raises
+        history.record_job(summary, os.environ)  # the user's job history; never raises
     return path
 
 
