@@ -8,6 +8,7 @@ import os
 import sqlite3
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -209,6 +210,23 @@ def test_unwritable_database_falls_back_with_one_warning(tmp_path):
     assert where == tmp_path / "tmp" / f"launch-agent-{os.getuid()}" / "history.sqlite"
     assert len(warnings) == 1 and str(state) in warnings[0] and str(where) in warnings[0]
     assert [s.record.job_id for s in store.read(where)] == ["78"]
+
+
+def test_a_database_locked_too_long_falls_back_instead_of_waiting(tmp_path):
+    state = tmp_path / "state"
+    _append(state, SUMMARY_OK)
+    holder = sqlite3.connect(state / "history.sqlite", isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")  # another job's transaction that does not end
+    warnings: list[str] = []
+    environ = {"AGENT_STATE_DIR": str(state), "TMPDIR": str(tmp_path / "tmp")}
+    record = from_summary(SUMMARY_RESTART, NOW)
+    started = time.monotonic()
+    where = store.append(record, environ, state, os.getuid(), warnings.append, busy=0.2)
+    assert time.monotonic() - started < 30  # a hang bound only; the wait is `busy` seconds
+    assert where == tmp_path / "tmp" / f"launch-agent-{os.getuid()}" / "history.sqlite"
+    assert len(warnings) == 1 and "locked" in warnings[0], warnings
+    holder.execute("ROLLBACK")
+    assert [s.record.job_id for s in store.read(state / "history.sqlite")] == ["77"]
 
 
 def test_a_file_that_is_not_a_database_falls_back(tmp_path):

@@ -81,13 +81,14 @@ def append(
     uid: int,
     warn: Callable[[str], None],
     cap: int = ROW_CAP,
+    busy: float = BUSY_TIMEOUT,
 ) -> Path | None:
     """Record the job; the database it went to, or None (warned) when none would take it."""
     where = paths(environ, home, uid)
     problems = []
     for path in where:
         try:
-            _append_at(path, record, path != where[0], uid, cap)
+            _append_at(path, record, path != where[0], uid, cap, busy)
         except (sqlite3.Error, OSError) as exc:
             problems.append(f"{path}: {_reason(exc)}")
             continue
@@ -98,9 +99,11 @@ def append(
     return None
 
 
-def _append_at(path: Path, record: JobRecord, private: bool, uid: int, cap: int) -> None:
+def _append_at(
+    path: Path, record: JobRecord, private: bool, uid: int, cap: int, busy: float
+) -> None:
     _make_dir(path.parent, private, uid)
-    con = sqlite3.connect(str(path), timeout=BUSY_TIMEOUT, isolation_level=None)
+    con = sqlite3.connect(str(path), timeout=busy, isolation_level=None)
     try:
         con.execute("PRAGMA journal_mode=WAL")
         con.execute("BEGIN IMMEDIATE")
