@@ -166,3 +166,33 @@ def test_odd_summaries_still_draw(summary):
     t = layout(summary)
     assert len(t.lanes) <= MAX_LANES
     ET.fromstring(svg(t))
+
+
+def test_a_lost_node_and_its_spare_by_rank():
+    """As summary.json has it: a lost node's record has rank -1; its seating names its ranks."""
+    seating0 = [{"node": n, "host": f"n{n}", "ranks": [2 * n, 2 * n + 1]} for n in range(3)]
+    seating1 = [dict(seating0[0]), {"node": 1, "host": "n3", "ranks": [2, 3]}, dict(seating0[2])]
+    lost = {"kind": "lost", "node_rank": 1, "host": "n1", "how": "stopped answering",
+            "time": 104.0}  # fmt: skip
+    attempt0 = [r for r in world(3, 2, 0, 100.0, hosts=["n0", "n1", "n2"]) if r["node_rank"] != 1]
+    attempt0.append({**rank(-1, 1, "lost", 0.0, None), "local_rank": -1})
+    summary = job(
+        3, 2,
+        [
+            {"attempt": 0, "root_cause": lost, "ranks": attempt0, "lost_nodes": [1],
+             "nodes": seating0, "spares": ["n3"]},
+            {"attempt": 1, "root_cause": None,
+             "ranks": world(3, 2, 1, 120.0, hosts=["n0", "n3", "n2"]), "nodes": seating1,
+             "spares": []},
+        ],
+    )  # fmt: skip
+    t = layout(summary)
+    assert t.unit == "rank" and t.lanes[2] == "rank 2 · n1→n3" and t.lanes[3] == "rank 3 · n1→n3"
+    assert [(b.lane, b.state) for b in t.bars if b.attempt == 0] == [
+        (0, "succeeded"), (1, "succeeded"), (2, "lost"), (3, "lost"), (4, "succeeded"),
+        (5, "succeeded"),
+    ]  # fmt: skip
+    assert [(m.kind, m.lane) for m in t.marks] == [
+        ("cause", 2), ("lost", 2), ("spare", 2), ("spare", 3),
+    ]  # fmt: skip
+    ET.fromstring(svg(t))

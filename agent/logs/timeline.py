@@ -103,24 +103,32 @@ def layout(summary: Mapping[str, Any], seatings: Sequence[Any] = ()) -> Timeline
     lanes = (most_ranks if per_rank else math.ceil(nodes / group)) if ranks else 0
     hosts: dict[int, list[str]] = {}
     cells: dict[tuple[int, int], list[Any]] = {}  # (lane, attempt) -> [start, end, states]
+    # Per attempt, which ranks each node ran (its seating): a lost node's record has no rank.
+    seats = {
+        number: {
+            _int(_map(place).get("node")): _rank_range(_map(place).get("ranks"), RANK_LANES)
+            for place in _list(_seating(attempt, seated, number).get("nodes"))
+        }
+        for number, attempt in zip(numbers, attempts, strict=True)
+    }
+
+    def node_lanes(number: int, node: int) -> list[int]:
+        if not per_rank:
+            return [node // group] if 0 <= node // group < lanes else []
+        return [r for r in seats[number].get(node, range(0)) if r < lanes]
+
     for number, rs in zip(numbers, ranks, strict=True):
         for r in rs:
             rank, node = _int(r.get("rank")), _int(r.get("node_rank"))
-            if node < 0 or (per_rank and not 0 <= rank < lanes):
+            if node < 0:
                 continue
-            lane = lane_of(rank, node)
-            lanes = max(lanes, lane + 1)
-            host = _text(r.get("host"))
-            seen = hosts.setdefault(lane, [])
-            if host and host not in seen and len(seen) < 3:
-                seen.append(host)
-            cell = cells.setdefault((lane, number), [math.inf, -math.inf, {}])
-            start, end = _time(r.get("start")), _time(r.get("end"))
-            for t in (start, end):
-                if t is not None:
-                    cell[0], cell[1] = min(cell[0], t), max(cell[1], t)
-            state = _text(r.get("state")) or "?"
-            cell[2][state] = cell[2].get(state, 0) + 1
+            if per_rank and rank < 0:  # a lost node: every rank it was seated with
+                for lane in node_lanes(number, node):
+                    _add(cells, hosts, lane, number, r)
+                continue
+            if per_rank and rank >= lanes:
+                continue
+            _add(cells, hosts, lane_of(rank, node), number, r)
     spans = {
         n: (
             min((c[0] for (_, a), c in cells.items() if a == n), default=math.inf),
@@ -155,13 +163,18 @@ def layout(summary: Mapping[str, Any], seatings: Sequence[Any] = ()) -> Timeline
         )
         if cause:
             final = i == len(attempts) - 1 and cause == last_cause
-            lane = _cause_lane(cause, lane_of, lanes)
+            node, rank = _int(cause.get("node_rank")), _int(cause.get("rank"))
+            if rank >= 0 and node >= 0:
+                lane: int | None = lane_of(rank, node)
+                lane = lane if lane is not None and 0 <= lane < lanes else None
+            else:  # a node's failure, not a rank's: its first lane
+                lane = next(iter(node_lanes(number, node)), None)
             when = _time(cause.get("time")) or a_end
             marks.append(Mark(lane, when, "failure" if final else "cause", words))
         for node in _list(attempt.get("lost_nodes")):
-            if isinstance(node, int) and 0 <= node // group < lanes and not per_rank:
-                marks.append(Mark(node // group, a_end, "lost", f"node {node} lost"))
-        seating = attempt if "nodes" in attempt else _map(seated.get(number))
+            for lane in node_lanes(number, _int(node))[:1]:
+                marks.append(Mark(lane, a_end, "lost", f"node {node} lost"))
+        seating = _seating(attempt, seated, number)
         for place in _list(seating.get("nodes")):
             host = _text(_map(place).get("host"))
             node = _int(_map(place).get("node"))
@@ -199,6 +212,25 @@ def layout(summary: Mapping[str, Any], seatings: Sequence[Any] = ()) -> Timeline
     )  # fmt: skip
 
 
+def _add(cells: dict, hosts: dict[int, list[str]], lane: int, number: int, r: Mapping) -> None:
+    """One rank's record into its lane's cell of that attempt: times, state, host."""
+    host = _text(r.get("host"))
+    seen = hosts.setdefault(lane, [])
+    if host and host not in seen and len(seen) < 3:
+        seen.append(host)
+    cell = cells.setdefault((lane, number), [math.inf, -math.inf, {}])
+    for t in (_time(r.get("start")), _time(r.get("end"))):
+        if t is not None:
+            cell[0], cell[1] = min(cell[0], t), max(cell[1], t)
+    state = _text(r.get("state")) or "?"
+    cell[2][state] = cell[2].get(state, 0) + 1
+
+
+def _seating(attempt: Mapping[str, Any], seated: Mapping[int, Any], number: int) -> Mapping:
+    """Who ran the attempt: its own record, else ranks.json's for that attempt."""
+    return attempt if "nodes" in attempt else _map(seated.get(number))
+
+
 def cause_words(cause: Mapping[str, Any]) -> str:
     if not cause:
         return ""
@@ -214,15 +246,6 @@ def cause_words(cause: Mapping[str, Any]) -> str:
         else _text(cause.get("kind") or "failure")
     )
     return f"{head}: {_text(cause.get('how'))}"
-
-
-def _cause_lane(cause: Mapping[str, Any], lane_of: Any, lanes: int) -> int | None:
-    node = cause.get("node_rank")
-    if not isinstance(node, int) or node < 0:
-        return None
-    rank = cause.get("rank")
-    lane = lane_of(rank if isinstance(rank, int) else -1, node)
-    return lane if 0 <= lane < lanes else None
 
 
 def _rank_range(value: Any, lanes: int) -> range:
