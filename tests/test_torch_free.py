@@ -23,6 +23,7 @@ from cluster import REPO
         ["-m", "agent", "stacks", "/nonexistent-log-dir"],
         ["-m", "agent", "history"],
         ["-m", "agent", "history", "--json", "--failed"],
+        ["-m", "agent", "logs", "/nonexistent-log-dir", "--timeline", "/nonexistent/x.svg"],
         ["-m", "bootstrap", "--help"],
     ],
 )
