@@ -263,6 +263,30 @@ def test_nowhere_to_write_is_one_warning_not_an_exception(tmp_path):
     assert len(warnings) == 1 and "not recorded" in warnings[0]
 
 
+MOUNTINFO = """\
+22 27 0:21 / /proc rw,relatime - proc proc rw
+27 1 8:1 / / rw,relatime - ext4 /dev/sda1 rw
+40 27 0:50 / /home rw,relatime - nfs4 srv:/home rw,vers=4.2
+41 40 0:51 / /home/a\\040b rw,relatime - lustre srv@tcp:/fs rw
+42 27 0:52 / /homework rw,relatime - xfs /dev/sdb rw
+"""
+
+
+@pytest.mark.parametrize(
+    "path, kind",
+    [
+        ("/", "ext4"),
+        ("/tmp/x", "ext4"),
+        ("/home", "nfs4"),
+        ("/home/u/.cache/launch-agent", "nfs4"),
+        ("/home/a b/state", "lustre"),
+        ("/homework/state", "xfs"),  # a prefix of the string, not of the path
+    ],
+)
+def test_filesystem_of_a_path(path, kind):
+    assert store.filesystem_of(MOUNTINFO, path) == kind
+
+
 def test_state_dir_is_the_resident_agents_one(tmp_path):
     from agent.serve import connection
 

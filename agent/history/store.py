@@ -1,7 +1,8 @@
 """The history database: the one place that touches SQLite (append on node 0, read for the CLI).
 
 Where: `$AGENT_STATE_DIR/history.sqlite` (default `~/.cache/launch-agent/history.sqlite`, the
-state dir resident agents use too). WAL journal, a busy timeout (BUSY_TIMEOUT) so that two jobs
+state dir resident agents use too). WAL journal (on a network filesystem, where WAL's shared
+memory index would be per host, the rollback journal and its fcntl locks), a busy timeout (BUSY_TIMEOUT) so that two jobs
 ending at the same moment wait for each other instead of failing, and every append one
 `BEGIN IMMEDIATE` transaction: the job, its attempts, then pruning of the oldest jobs beyond
 ROW_CAP. Rows are never updated.
@@ -105,7 +106,9 @@ def _append_at(
     _make_dir(path.parent, private, uid)
     con = sqlite3.connect(str(path), timeout=busy, isolation_level=None)
     try:
-        con.execute("PRAGMA journal_mode=WAL")
+        # WAL's shared memory index is per host: on a network filesystem several nodes' jobs
+        # would corrupt it, so there the rollback journal (fcntl locks; none: the fallback).
+        con.execute(f"PRAGMA journal_mode={'DELETE' if _on_network(path.parent) else 'WAL'}")
         con.execute("BEGIN IMMEDIATE")
         for statement in _SCHEMA:
             con.execute(statement)
@@ -143,6 +146,37 @@ def _append_at(
         raise
     finally:
         con.close()
+
+
+NETWORK_FS = frozenset(
+    ("nfs", "nfs4", "cifs", "smb3", "smbfs", "lustre", "gpfs", "beegfs", "ceph", "glusterfs",
+     "fuse.sshfs", "fuse.glusterfs", "fuse.cephfs", "9p", "afs", "panfs", "wekafs", "orangefs")
+)  # fmt: skip
+
+
+def filesystem_of(mountinfo: str, path: str) -> str | None:
+    """The type of the filesystem `path` (absolute, resolved) is on, from /proc/self/mountinfo
+    text (pure): the longest mount point that contains it; None when nothing matches."""
+    best, kind = -1, None
+    for line in mountinfo.splitlines():
+        fields = line.split(" ")
+        if " - " not in line or len(fields) < 5:
+            continue
+        mount = fields[4].replace("\\040", " ")
+        fstype = line.split(" - ", 1)[1].split(" ", 1)[0]
+        inside = path == mount or path.startswith(mount.rstrip("/") + "/")
+        if inside and len(mount) > best:
+            best, kind = len(mount), fstype
+    return kind
+
+
+def _on_network(directory: Path) -> bool:
+    try:
+        with open("/proc/self/mountinfo") as f:
+            text = f.read()
+    except OSError:
+        return False
+    return filesystem_of(text, os.path.realpath(directory)) in NETWORK_FS
 
 
 def _unique(attempts: Sequence[AttemptRecord]) -> list[AttemptRecord]:
