@@ -25,6 +25,7 @@ def main(argv: list[str] | None = None) -> int:
             "status",
             "down",
             "stacks",
+            "history",
         ):
             return _subcommand(argv[0], argv[1:])
         from agent.launch.cli import parse
@@ -58,6 +59,10 @@ def _subcommand(name: str, argv: list[str]) -> int:
         from agent import doctor
 
         return doctor.main(argv, os.environ)
+    if name == "history":
+        from agent import history
+
+        return history.main(argv, os.environ)
     if name == "logs":
         from agent import logs as tail
 

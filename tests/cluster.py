@@ -51,6 +51,7 @@ def base_env(tmp: Path) -> dict[str, str]:
     ):
         env.pop(key, None)
     env["AGENT_SECRET"] = "test-secret-" + tmp.name
+    env["AGENT_STATE_DIR"] = str(tmp / "state")  # job history and connection files: the test's
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
     return env
 

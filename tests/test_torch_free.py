@@ -21,6 +21,9 @@ from cluster import REPO
         ["-m", "agent", "status", "--serve", "/nonexistent/serve.json"],
         ["-m", "agent", "run", "--serve", "/nonexistent/serve.json", "train.py"],
         ["-m", "agent", "stacks", "/nonexistent-log-dir"],
+        ["-m", "agent", "history"],
+        ["-m", "agent", "history", "--json", "--failed"],
+        ["-m", "agent", "logs", "/nonexistent-log-dir", "--timeline", "/nonexistent/x.svg"],
         ["-m", "bootstrap", "--help"],
     ],
 )

@@ -107,6 +107,11 @@ def build_parser() -> Parser:
         "--summary", action="store_true", help="pretty-print summary.json, root cause first"
     )
     parser.add_argument(
+        "--timeline",
+        metavar="FILE.svg",
+        help="draw the finished job (summary.json) as an SVG picture into FILE.svg",
+    )
+    parser.add_argument(
         "--no-prefix", dest="prefix", action="store_false", help="print lines without `host:rank: `"
     )
     parser.add_argument(
@@ -133,6 +138,10 @@ def parse(argv: Sequence[str]) -> LogsCommand:
         raise AgentError(f"logs --lines {ns.lines}: pass a number of lines, 0 or more")
     if not 0 < ns.interval <= 60:
         raise AgentError(f"logs --interval {ns.interval:g}: pass seconds in (0, 60]")
+    if ns.timeline is not None and (ns.follow or ns.summary):
+        raise AgentError(
+            "logs --timeline draws a finished job: it does not combine with --follow or --summary"
+        )
     if not ns.idle_exit >= 0:
         raise AgentError(f"logs --idle-exit {ns.idle_exit:g}: pass seconds, 0 or more (0: never)")
     selection = Selection(
@@ -143,8 +152,9 @@ def parse(argv: Sequence[str]) -> LogsCommand:
         grep=_regex(ns.grep),
     )
     return LogsCommand(
-        ns.log_dir, selection, ns.follow, ns.summary, ns.prefix, ns.lines, ns.interval, ns.idle_exit
-    )
+        ns.log_dir, selection, ns.follow, ns.summary, ns.prefix, ns.lines, ns.interval,
+        ns.idle_exit, ns.timeline,
+    )  # fmt: skip
 
 
 def _attempt(text: str) -> int | str:
@@ -172,6 +182,11 @@ def main(argv: Sequence[str], out: BinaryIO | None = None, colour: bool | None =
         sink = out if out is not None else sys.stdout.buffer
         if colour is None:
             colour = sys.stdout.isatty() and "NO_COLOR" not in os.environ
+        if command.timeline:
+            from agent.logs.picture import write_timeline
+
+            sink.write(write_timeline(command.log_dir, command.timeline).encode() + b"\n")
+            return 0
         if command.summary:
             from agent.logs.summary_view import show_summary
 

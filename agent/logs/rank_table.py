@@ -16,16 +16,22 @@ HEADER_STYLE = "bold"  # rich's table.header
 
 
 class RankTable:
-    def __init__(self, title: str, rows: Sequence[tuple[Sequence[str], str]]) -> None:
+    def __init__(
+        self,
+        title: str,
+        rows: Sequence[tuple[Sequence[str], str]],
+        header: Sequence[str] = HEADER,  # `agent history` draws its own columns the same way
+    ) -> None:
         self.title = title
         self.rows = rows  # (cells, row style)
+        self.header = tuple(header)
 
     def table(self) -> Any:
         """The rich Table this stands for."""
         from rich.table import Table
         from rich.text import Text
 
-        table = Table(*HEADER, title=Text(self.title))
+        table = Table(*self.header, title=Text(self.title))
         for cells, style in self.rows:
             table.add_row(*(Text(cell) for cell in cells), style=style)
         return table
@@ -39,7 +45,8 @@ class RankTable:
         from rich.cells import cell_len
 
         sizes = [[cell_len(cell) for cell in cells] for cells, _ in self.rows]
-        widths = [len(h) for h in HEADER]
+        header = self.header
+        widths = [len(h) for h in header]
         for row in sizes:
             widths = [max(w, s) for w, s in zip(widths, row, strict=True)]
         total = sum(widths) + 3 * len(widths) + 1
@@ -49,7 +56,7 @@ class RankTable:
         out = [
             " " * (excess // 2) + self.title + " " * (excess - excess // 2),
             "┏" + "┳".join("━" * (w + 2) for w in widths) + "┓",
-            _row(HEADER, [len(h) for h in HEADER], widths, "┃", HEADER_STYLE, paint),
+            _row(header, [len(h) for h in header], widths, "┃", HEADER_STYLE, paint),
             "┡" + "╇".join("━" * (w + 2) for w in widths) + "┩",
         ]
         for (cells, style), size in zip(self.rows, sizes, strict=True):

@@ -61,6 +61,7 @@ class LogsCommand:
     lines: int | None  # only the last N lines of what exists at start; None: everything
     interval: float
     idle_exit: float = 600.0  # --follow ends after this long with no new byte in LOG_DIR; 0: never
+    timeline: str | None = None  # --timeline FILE.svg: draw the job there instead
 
 
 def parse_name(name: str) -> RankFile | None:

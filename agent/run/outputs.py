@@ -10,6 +10,7 @@ import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from agent import history
 from agent.errors import AgentError
 
 log = logging.getLogger("agent")
@@ -92,6 +93,8 @@ def write_summary(log_dir: str, summary: Mapping[str, Any]) -> str | None:
     except OSError as exc:
         log.error("cannot write %s (%s)", path, exc.strerror or exc)
         return None
+    finally:
+        history.record_job(summary, os.environ)  # the user's job history; never raises
     return path
 
 

@@ -114,6 +114,7 @@ def job_record(world: Any, plan: Any) -> dict[str, Any]:
         "nproc_per_node": plan.nproc_per_node,
         "hosts": list(world.hosts),
         "log_dir": plan.log_dir,
+        "command": [plan.script, *plan.configs, *plan.script_args],
     }
 
 

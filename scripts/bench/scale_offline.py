@@ -95,6 +95,7 @@ def verdict(log_dir: str) -> dict[str, Any]:
     out["build_s"], built = timed(lambda: build_summary(job, [dict(decided.record)], decided.code))
     scratch = os.path.join(log_dir, "offline")
     os.makedirs(scratch, exist_ok=True)
+    os.environ["AGENT_STATE_DIR"] = scratch  # the history append is timed too, away from ~/.cache
     out["write_summary_s"], _ = timed(lambda: outputs.write_summary(scratch, built))
     out["report_s"], _ = timed(lambda: render_report(built))
     path = os.path.join(scratch, "ranks.json")

@@ -1,0 +1,177 @@
+"""Every job and resident run of this user, and each of their attempts, in a SQLite database.
+
+Node 0 calls `record_job(summary, environ)` once it has written summary.json (agent.run.outputs);
+`python -m agent history [JOB[.RUN]] [--last N] [--failed] [--json]` reads it back. Layer: below
+run, serve and launch (none of which it imports), beside logs; it never imports torch.
+
+`record` builds the row from the summary (agent.history.record, pure) and appends it
+(agent.history.store, the SQLite side effects); the CLI parses, reads, then draws
+(agent.history.view, pure).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import sqlite3
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+from agent.errors import AgentError
+from agent.usage import Parser
+
+DEFAULT_LAST = 20
+
+
+@dataclass(frozen=True)
+class HistoryCommand:
+    job: str | None  # JOB or JOB.RUN as typed: show that job's attempts
+    last: int
+    failed: bool
+    as_json: bool
+
+
+def record_job(summary: Mapping[str, Any], environ: Mapping[str, str]) -> Path | None:
+    """Node 0, a job or run ended: append it (never raises; one warning line when it has to
+    use the fallback database or cannot record at all)."""
+    import logging
+
+    warn = logging.getLogger("agent").warning
+    try:
+        from agent.history.record import from_summary
+        from agent.history.store import append
+
+        home = _home(environ)
+        return append(from_summary(summary, time.time()), environ, home, os.getuid(), warn)
+    except Exception as exc:  # a history must never fail the job it records
+        warn(f"history: this job is not recorded ({type(exc).__name__}: {exc})")
+        return None
+
+
+def build_parser() -> Parser:
+    parser = Parser(
+        prog="python -m agent history",
+        subcommand="history",
+        description="Every job and resident run of this user: exit code, root cause, restarts. "
+        "With JOB[.RUN]: that job's attempts.",
+        epilog="The database: $AGENT_STATE_DIR/history.sqlite (default ~/.cache/launch-agent/), "
+        "and $TMPDIR/launch-agent-<uid>/history.sqlite where a job could not write there.",
+        allow_abbrev=False,
+    )
+    parser.add_argument(
+        "job", nargs="?", metavar="JOB[.RUN]", help="a job id (all its runs), or JOB.RUN"
+    )
+    parser.add_argument(
+        "--last", default=str(DEFAULT_LAST), metavar="N",
+        help=f"the N most recent jobs (default {DEFAULT_LAST}; 0: all)",
+    )  # fmt: skip
+    parser.add_argument("--failed", action="store_true", help="only jobs that did not succeed")
+    parser.add_argument("--json", dest="as_json", action="store_true", help="JSON, not a table")
+    return parser
+
+
+def parse(argv: Sequence[str]) -> HistoryCommand:
+    ns = build_parser().parse_args(list(argv))
+    if not re.fullmatch(r"\d{1,9}", ns.last):
+        raise AgentError(f"history --last {ns.last!r}: pass a number of jobs, 0 or more (0: all)")
+    if ns.job is not None and not re.fullmatch(r"[\w.:@+-]{1,200}", ns.job):
+        raise AgentError(f"history: {ns.job!r} is not a job id (JOB or JOB.RUN)")
+    return HistoryCommand(ns.job, int(ns.last), ns.failed, ns.as_json)
+
+
+def main(argv: Sequence[str], environ: Mapping[str, str], out: TextIO | None = None) -> int:
+    from agent.history.store import Stored, paths
+
+    command = parse(argv)
+    out = out if out is not None else sys.stdout
+    where = paths(environ, _home(environ), os.getuid())
+    if command.job is not None:
+        found = _lookup(where, command.job)
+        if not found:
+            raise AgentError(
+                f"history: no job {command.job} recorded (in {', '.join(map(str, where))})"
+            )
+        return _show_job(found, command, out)
+    jobs: list[Stored] = []
+    for path in where:
+        jobs += _read(path)
+    jobs.sort(key=lambda s: (s.record.end, s.record.start))
+    if command.failed:
+        jobs = [s for s in jobs if s.record.exit_code != 0]
+    if command.last:
+        jobs = jobs[-command.last :]
+    if command.as_json:
+        from agent.history.view import as_json
+
+        json.dump([as_json(s) for s in jobs], out, indent=1)
+        out.write("\n")
+        return 0
+    if not jobs:
+        what = "no failed jobs" if command.failed else "no jobs"
+        out.write(f"{what} recorded in {', '.join(map(str, where))}\n")
+        return 0
+    from agent.history.view import JOB_HEADER, job_rows
+
+    _draw(f"{len(jobs)} job(s), oldest first", job_rows(jobs), JOB_HEADER, out)
+    return 0
+
+
+def _lookup(where: Sequence[Path], text: str) -> list[Any]:
+    """JOB.RUN when the text ends in .N and such a run exists, else every run of JOB."""
+    split = re.fullmatch(r"(.+)\.(\d{1,9})", text)
+    if split:
+        found = [s for path in where for s in _read(path, split[1], int(split[2]))]
+        if found:
+            return found
+    return [s for path in where for s in _read(path, text)]
+
+
+def _show_job(found: list[Any], command: HistoryCommand, out: TextIO) -> int:
+    from agent.history.view import ATTEMPT_HEADER, as_json, attempt_rows, job_facts, name
+
+    if command.as_json:
+        json.dump([as_json(s) for s in found], out, indent=1)
+        out.write("\n")
+        return 0
+    for stored in found:
+        out.write("\n".join(job_facts(stored)) + "\n")
+        rows = attempt_rows(stored.record.attempts)
+        _draw(f"attempts of {name(stored)}", rows, ATTEMPT_HEADER, out)
+    return 0
+
+
+def _read(path: Path, job: str | None = None, run: int | None = None) -> list[Any]:
+    from agent.history.store import read
+
+    try:
+        return read(path, job, run)
+    except sqlite3.Error as exc:
+        print(f"agent: warning: cannot read the history in {path} ({exc})", file=sys.stderr)
+        return []
+
+
+def _draw(title: str, rows: list, header: Sequence[str], out: TextIO) -> None:
+    """As `agent logs --summary` draws its rank table: directly when it fits, else by rich."""
+    from agent.logs.rank_table import RankTable
+
+    table = RankTable(title, rows, header)
+    tty = out.isatty()
+    width = shutil.get_terminal_size((100, 24)).columns if tty else 1 << 20
+    lines = table.lines(width)
+    if lines is not None:
+        out.write("\n".join(lines) + "\n")
+        return
+    from rich.console import Console
+
+    Console(file=out, width=width, highlight=False, no_color=True).print(table.table())
+
+
+def _home(environ: Mapping[str, str]) -> Path:
+    home = environ.get("HOME")
+    return Path(home) if home else Path.home()

@@ -1,0 +1,173 @@
+"""summary.json → the rows `agent history` keeps (pure: a summary and a clock in, frozen values out).
+
+Everything here reads a summary that anyone may have written: missing or odd fields become None,
+0 or empty, never an exception. A job (or resident run) is one `JobRecord`; each of its attempts
+is an `AttemptRecord`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+TEXT_CAP = 1000  # characters of a command or a cause kept in the database
+
+
+@dataclass(frozen=True)
+class AttemptRecord:
+    attempt: int
+    start: float | None  # the earliest rank start (epoch seconds); None: no rank started
+    end: float | None  # the latest rank end
+    nodes: int  # nodes that ran ranks
+    ranks: int
+    failed: int  # ranks that did not succeed (failed, terminated, lost)
+    spares: tuple[str, ...]  # hosts that waited as spares in this attempt
+    lost_nodes: tuple[int, ...]
+    cause: str | None  # this attempt's root cause, one line
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    job_id: str
+    step: str
+    command: str
+    start: float
+    end: float
+    nodes: int
+    ranks: int
+    spares_used: tuple[str, ...]  # spares seated in a node's place in a later attempt
+    exit_code: int
+    status: str  # succeeded | failed
+    cause: str | None  # the job's root cause, one line
+    restarts: int
+    stragglers: tuple[str, ...]  # from summary.json's "stragglers" when it has one
+    log_dir: str
+    attempts: tuple[AttemptRecord, ...]
+
+
+def from_summary(summary: Mapping[str, Any], now: float) -> JobRecord:
+    """The history record of one finished job or run; `now` stands in for times the summary
+    lacks (a job that ended before any rank started)."""
+    job = _map(summary.get("job"))
+    attempts = tuple(
+        attempt_record(a, i) for i, a in enumerate(_list(summary.get("attempts"))) if _is_map(a)
+    )
+    starts = [a.start for a in attempts if a.start is not None]
+    ends = [a.end for a in attempts if a.end is not None]
+    start = min(starts) if starts else now
+    end = max(ends) if ends else now
+    exit_code = _int(summary.get("exit_code"), 1)
+    last = attempts[-1] if attempts else None
+    return JobRecord(
+        job_id=_text(job.get("id"), 100) or "local",
+        step=_text(job.get("step"), 100),
+        command=_command(job.get("command")),
+        start=start,
+        end=max(end, start),
+        nodes=last.nodes if last and last.nodes else _int(job.get("nnodes"), 0),
+        ranks=last.ranks if last and last.ranks else _int(job.get("world_size"), 0),
+        spares_used=_spares_used(_list(summary.get("attempts"))),
+        exit_code=exit_code,
+        status="succeeded" if exit_code == 0 else "failed",
+        cause=cause_line(summary.get("root_cause")),
+        restarts=max(0, len(attempts) - 1),
+        stragglers=tuple(_straggler(s) for s in _list(summary.get("stragglers"))[:100]),
+        log_dir=_text(job.get("log_dir"), 4096),
+        attempts=attempts,
+    )
+
+
+def attempt_record(attempt: Mapping[str, Any], position: int) -> AttemptRecord:
+    ranks = [r for r in _list(attempt.get("ranks")) if _is_map(r)]
+    starts = [t for t in (_time(r.get("start")) for r in ranks) if t is not None]
+    ends = [t for t in (_time(r.get("end")) for r in ranks) if t is not None]
+    nodes = [n for n in _list(attempt.get("nodes")) if _is_map(n)]
+    ran = {r.get("node_rank") for r in ranks if r.get("state") != "lost"}
+    return AttemptRecord(
+        attempt=_int(attempt.get("attempt"), position),
+        start=min(starts) if starts else None,
+        end=max(ends) if ends else None,
+        nodes=len(nodes) or len(ran),
+        ranks=sum(1 for r in ranks if _int(r.get("rank"), -1) >= 0),
+        failed=sum(1 for r in ranks if r.get("state") != "succeeded"),
+        spares=tuple(_text(h, 256) for h in _list(attempt.get("spares"))[:1000]),
+        lost_nodes=tuple(_int(n, -1) for n in _list(attempt.get("lost_nodes"))[:1000]),
+        cause=cause_line(attempt.get("root_cause")),
+    )
+
+
+def cause_line(cause: Any) -> str | None:
+    """One line naming a failure (the words of agent.run.summary.cause_line, which sits in a
+    layer above this one)."""
+    if not _is_map(cause):
+        return None
+    if cause.get("kind") == "rank":
+        text = (
+            f"rank {cause.get('rank')} on {cause.get('host')} (node {cause.get('node_rank')}) "
+            f"{cause.get('how')}"
+        )
+    elif cause.get("node_rank") is None:  # not one node's: a join timeout, a mismatch
+        text = f"{cause.get('kind') or 'failure'}: {cause.get('how')}"
+    else:
+        text = f"node {cause.get('node_rank')} ({cause.get('host')}): {cause.get('how')}"
+    return _text(text, TEXT_CAP)
+
+
+def _spares_used(attempts: Sequence[Any]) -> tuple[str, ...]:
+    """Hosts that first waited as spares and later ran ranks, in the order they were seated."""
+    waited: set[str] = set()
+    used: list[str] = []
+    for attempt in attempts:
+        if not _is_map(attempt):
+            continue
+        for node in _list(attempt.get("nodes")):
+            host = _text(_map(node).get("host"), 256)
+            if host in waited and host not in used:
+                used.append(host)
+        waited.update(_text(h, 256) for h in _list(attempt.get("spares")))
+    return tuple(used)
+
+
+def _command(value: Any) -> str:
+    if isinstance(value, list):
+        value = " ".join(str(v) for v in value)
+    return _text(value, TEXT_CAP)
+
+
+def _straggler(value: Any) -> str:
+    if _is_map(value):
+        return _text(f"rank {value.get('rank')} on {value.get('host')}", 256)
+    return _text(value, 256)
+
+
+def _text(value: Any, limit: int) -> str:
+    if value is None:
+        return ""
+    text = " ".join(str(value).split())  # one line
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _int(value: Any, default: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        return default
+    return value
+
+
+def _time(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) and value > 0 else None
+
+
+def _is_map(value: Any) -> bool:
+    return isinstance(value, Mapping)
+
+
+def _map(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []

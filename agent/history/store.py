@@ -1,0 +1,257 @@
+"""The history database: the one place that touches SQLite (append on node 0, read for the CLI).
+
+Where: `$AGENT_STATE_DIR/history.sqlite` (default `~/.cache/launch-agent/history.sqlite`, the
+state dir resident agents use too). WAL journal (on a network filesystem, where WAL's shared
+memory index would be per host, the rollback journal and its fcntl locks), a busy timeout (BUSY_TIMEOUT) so that two jobs
+ending at the same moment wait for each other instead of failing, and every append one
+`BEGIN IMMEDIATE` transaction: the job, its attempts, then pruning of the oldest jobs beyond
+ROW_CAP. Rows are never updated.
+
+When that database cannot be written or locked (a read-only or full directory, an NFS home
+without working locks, a file that is not a database), the job goes to the fallback
+`$TMPDIR/launch-agent-<uid>/history.sqlite` (TMPDIR default /tmp) with one warning line; `agent
+history` reads both. Nothing here raises to the job: a job is never failed or held up by its
+history.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import stat
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from agent.history.record import AttemptRecord, JobRecord
+
+STATE_ENV = "AGENT_STATE_DIR"  # the same variable and default as agent.serve.connection
+STATE_RELPATH = Path(".cache") / "launch-agent"
+FILE_NAME = "history.sqlite"
+ROW_CAP = 10_000  # jobs kept per database; the oldest beyond it are pruned at each append
+BUSY_TIMEOUT = 5.0  # seconds an append or a read waits for another job's transaction
+
+_SCHEMA = (
+    """CREATE TABLE IF NOT EXISTS jobs (
+        id INTEGER PRIMARY KEY AUTOINCREMENT, job_id TEXT NOT NULL, run INTEGER NOT NULL,
+        step TEXT, command TEXT, start_time REAL, end_time REAL, nodes INTEGER, ranks INTEGER,
+        spares_used TEXT, exit_code INTEGER, status TEXT, cause TEXT, restarts INTEGER,
+        stragglers TEXT, log_dir TEXT)""",
+    """CREATE TABLE IF NOT EXISTS attempts (
+        job INTEGER NOT NULL, attempt INTEGER NOT NULL, start_time REAL, end_time REAL,
+        nodes INTEGER, ranks INTEGER, failed INTEGER, spares TEXT, lost_nodes TEXT, cause TEXT,
+        PRIMARY KEY (job, attempt))""",
+    "CREATE INDEX IF NOT EXISTS jobs_by_job_id ON jobs (job_id, run)",
+)
+
+
+@dataclass(frozen=True)
+class Stored:
+    """A job as read back: its record and the run number the database gave it (the job id's
+    records numbered from 0 in the order they were appended)."""
+
+    run: int
+    record: JobRecord
+
+
+def state_dir(environ: Mapping[str, str], home: Path) -> Path:
+    """AGENT_STATE_DIR if set and non-empty, else ~/.cache/launch-agent."""
+    given = environ.get(STATE_ENV)
+    return Path(given).expanduser() if given else home / STATE_RELPATH
+
+
+def history_path(environ: Mapping[str, str], home: Path) -> Path:
+    return state_dir(environ, home) / FILE_NAME
+
+
+def fallback_path(environ: Mapping[str, str], uid: int) -> Path:
+    return Path(environ.get("TMPDIR") or "/tmp") / f"launch-agent-{uid}" / FILE_NAME
+
+
+def paths(environ: Mapping[str, str], home: Path, uid: int) -> tuple[Path, ...]:
+    """Where this user's history may be: the database, then the fallback."""
+    primary, fallback = history_path(environ, home), fallback_path(environ, uid)
+    return (primary,) if fallback == primary else (primary, fallback)
+
+
+def append(
+    record: JobRecord,
+    environ: Mapping[str, str],
+    home: Path,
+    uid: int,
+    warn: Callable[[str], None],
+    cap: int = ROW_CAP,
+    busy: float = BUSY_TIMEOUT,
+) -> Path | None:
+    """Record the job; the database it went to, or None (warned) when none would take it."""
+    where = paths(environ, home, uid)
+    problems = []
+    for path in where:
+        try:
+            _append_at(path, record, path != where[0], uid, cap, busy)
+        except (sqlite3.Error, OSError) as exc:
+            problems.append(f"{path}: {_reason(exc)}")
+            continue
+        if problems:
+            warn(f"history: cannot write {problems[0]}; this job is recorded in {path} instead")
+        return path
+    warn(f"history: this job is not recorded ({'; '.join(problems)})")
+    return None
+
+
+def _append_at(
+    path: Path, record: JobRecord, private: bool, uid: int, cap: int, busy: float
+) -> None:
+    _make_dir(path.parent, private, uid)
+    con = sqlite3.connect(str(path), timeout=busy, isolation_level=None)
+    try:
+        # WAL's shared memory index is per host: on a network filesystem several nodes' jobs
+        # would corrupt it, so there the rollback journal (fcntl locks; none: the fallback).
+        con.execute(f"PRAGMA journal_mode={'DELETE' if _on_network(path.parent) else 'WAL'}")
+        con.execute("BEGIN IMMEDIATE")
+        for statement in _SCHEMA:
+            con.execute(statement)
+        (last,) = con.execute(
+            "SELECT max(run) FROM jobs WHERE job_id = ?", (record.job_id,)
+        ).fetchone()
+        job = con.execute(
+            "INSERT INTO jobs (job_id, run, step, command, start_time, end_time, nodes, ranks, "
+            "spares_used, exit_code, status, cause, restarts, stragglers, log_dir) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                record.job_id, 0 if last is None else last + 1, record.step, record.command,
+                record.start, record.end, record.nodes, record.ranks,
+                json.dumps(record.spares_used), record.exit_code, record.status, record.cause,
+                record.restarts, json.dumps(record.stragglers), record.log_dir,
+            ),
+        ).lastrowid  # fmt: skip
+        con.executemany(
+            "INSERT INTO attempts VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            [
+                (
+                    job, a.attempt, a.start, a.end, a.nodes, a.ranks, a.failed,
+                    json.dumps(a.spares), json.dumps(a.lost_nodes), a.cause,
+                )
+                for a in _unique(record.attempts)
+            ],
+        )  # fmt: skip
+        old = "SELECT id FROM jobs ORDER BY id DESC LIMIT -1 OFFSET ?"
+        con.execute(f"DELETE FROM attempts WHERE job IN ({old})", (cap,))
+        con.execute(f"DELETE FROM jobs WHERE id IN ({old})", (cap,))
+        con.execute("COMMIT")
+    except BaseException:
+        if con.in_transaction:
+            con.execute("ROLLBACK")
+        raise
+    finally:
+        con.close()
+
+
+NETWORK_FS = frozenset(
+    ("nfs", "nfs4", "cifs", "smb3", "smbfs", "lustre", "gpfs", "beegfs", "ceph", "glusterfs",
+     "fuse.sshfs", "fuse.glusterfs", "fuse.cephfs", "9p", "afs", "panfs", "wekafs", "orangefs")
+)  # fmt: skip
+
+
+def filesystem_of(mountinfo: str, path: str) -> str | None:
+    """The type of the filesystem `path` (absolute, resolved) is on, from /proc/self/mountinfo
+    text (pure): the longest mount point that contains it; None when nothing matches."""
+    best, kind = -1, None
+    for line in mountinfo.splitlines():
+        fields = line.split(" ")
+        if " - " not in line or len(fields) < 5:
+            continue
+        mount = fields[4].replace("\\040", " ")
+        fstype = line.split(" - ", 1)[1].split(" ", 1)[0]
+        inside = path == mount or path.startswith(mount.rstrip("/") + "/")
+        if inside and len(mount) > best:
+            best, kind = len(mount), fstype
+    return kind
+
+
+def _on_network(directory: Path) -> bool:
+    try:
+        with open("/proc/self/mountinfo") as f:
+            text = f.read()
+    except OSError:
+        return False
+    return filesystem_of(text, os.path.realpath(directory)) in NETWORK_FS
+
+
+def _unique(attempts: Sequence[AttemptRecord]) -> list[AttemptRecord]:
+    seen: dict[int, AttemptRecord] = {}
+    for a in attempts:
+        seen.setdefault(a.attempt, a)
+    return list(seen.values())
+
+
+def _make_dir(path: Path, private: bool, uid: int) -> None:
+    """The state dir, created 0700; the fallback under a shared /tmp must be ours, not a link."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if private:
+        st = os.lstat(path)
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != uid:
+            raise OSError(f"{path} is not a directory of user {uid}")
+
+
+def read(path: Path, job_id: str | None = None, run: int | None = None) -> list[Stored]:
+    """Every job in the database (or those of `job_id`, and `run`), oldest first; none when the
+    file does not exist. sqlite3.Error when it cannot be read."""
+    if not path.is_file():
+        return []
+    con = sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True, timeout=BUSY_TIMEOUT)
+    try:
+        if not con.execute("SELECT 1 FROM sqlite_master WHERE name = 'jobs'").fetchone():
+            return []
+        where, args = "", ()
+        if job_id is not None:
+            where, args = "WHERE job_id = ?", (job_id,)
+            if run is not None:
+                where, args = where + " AND run = ?", (job_id, run)
+        jobs = con.execute(
+            "SELECT id, run, job_id, step, command, start_time, end_time, nodes, ranks, "
+            f"spares_used, exit_code, status, cause, restarts, stragglers, log_dir FROM jobs "
+            f"{where} ORDER BY id",
+            args,
+        ).fetchall()
+        attempts: dict[int, list[AttemptRecord]] = {}
+        if job_id is not None:  # the attempts are shown for one job only
+            for row in con.execute(
+                "SELECT job, attempt, start_time, end_time, nodes, ranks, failed, spares, "
+                "lost_nodes, cause FROM attempts WHERE job IN (SELECT id FROM jobs "
+                f"{where}) ORDER BY job, attempt",
+                args,
+            ):
+                attempts.setdefault(row[0], []).append(
+                    AttemptRecord(*row[1:7], tuple(_json(row[7])), tuple(_json(row[8])), row[9])
+                )
+    finally:
+        con.close()
+    return [
+        Stored(
+            row[1],
+            JobRecord(
+                job_id=row[2], step=row[3] or "", command=row[4] or "", start=row[5],
+                end=row[6], nodes=row[7], ranks=row[8], spares_used=tuple(_json(row[9])),
+                exit_code=row[10], status=row[11], cause=row[12], restarts=row[13],
+                stragglers=tuple(_json(row[14])), log_dir=row[15] or "",
+                attempts=tuple(attempts.get(row[0], ())),
+            ),
+        )
+        for row in jobs
+    ]  # fmt: skip
+
+
+def _json(text: str | None) -> list:
+    try:
+        value = json.loads(text or "[]")
+    except ValueError:
+        return []
+    return value if isinstance(value, list) else []
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror.lower()
+    return str(exc) or type(exc).__name__

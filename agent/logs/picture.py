@@ -1,0 +1,48 @@
+"""`agent logs LOG_DIR --timeline FILE.svg`: read the log dir, draw (agent.logs.timeline), write."""
+
+from __future__ import annotations
+
+import os
+
+from agent.errors import AgentError
+from agent.logs.logdir import check_dir, read_json
+from agent.logs.selection import safe_text
+from agent.logs.timeline import layout, svg
+
+
+def write_timeline(log_dir: str, target: str) -> str:
+    """Draw the job into `target` (write-then-rename); the line to print. AgentError (2) when
+    there is no summary.json to draw or the file cannot be written."""
+    summary = _json(os.path.join(log_dir, "summary.json"))
+    if summary is None:
+        check_dir(log_dir)
+        raise AgentError(
+            f"no summary.json in {log_dir}: node 0 writes it when the job ends; the timeline "
+            "draws a finished job"
+        )
+    if not isinstance(summary, dict):
+        raise AgentError(f"{os.path.join(log_dir, 'summary.json')} is not a JSON object")
+    try:
+        ranks = _json(os.path.join(log_dir, "ranks.json"))
+    except AgentError:
+        ranks = None  # only a fallback for the seating of old summaries
+    seatings = ranks.get("attempts") if isinstance(ranks, dict) else None
+    timeline = layout(summary, seatings if isinstance(seatings, list) else ())
+    tmp = f"{target}.tmp-{os.getpid()}"
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(svg(timeline))
+        os.replace(tmp, target)
+    except OSError as exc:
+        raise AgentError(f"cannot write the timeline {target}: {exc.strerror or exc}") from None
+    return (
+        f"timeline: {target} ({len(timeline.lanes)} lane(s) by {timeline.unit}, "
+        f"{len(timeline.bands)} attempt(s))"
+    )
+
+
+def _json(path: str) -> object:
+    try:
+        return read_json(path)
+    except (OSError, ValueError) as exc:
+        raise AgentError(f"cannot read {path}: {safe_text(exc, limit=300)}") from None

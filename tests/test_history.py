@@ -1,0 +1,369 @@
+"""`agent history`: the record built from summary.json (pure, table-tested), the SQLite database
+(appends from concurrent processes, pruning, the fallback), and the CLI as a user runs it."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from cluster import REPO
+
+from agent.history import store
+from agent.history.record import AttemptRecord, JobRecord, from_summary
+from agent.history.view import job_rows, safe
+
+NOW = 1_700_000_000.0
+
+
+def rank(r, state="succeeded", start=100.0, end=110.0, node=0, rc=0, attempt=0):
+    return {
+        "rank": r, "local_rank": r, "node_rank": node, "host": f"n{node}", "pid": 1,
+        "returncode": rc, "state": state, "start": start, "end": end, "attempt": attempt,
+    }  # fmt: skip
+
+
+CAUSE = {"kind": "rank", "rank": 1, "host": "n0", "node_rank": 0, "how": "exit code 3"}
+SUMMARY_OK = {
+    "job": {
+        "id": "77", "step": "0", "nnodes": 1, "world_size": 2, "log_dir": "/l/77",
+        "command": ["train.py", "a.yml", "--lr", "1"],
+    },
+    "status": "succeeded",
+    "exit_code": 0,
+    "root_cause": None,
+    "attempts": [
+        {"attempt": 0, "root_cause": None, "ranks": [rank(0), rank(1, end=112.5)],
+         "nodes": [{"node": 0, "agent": 0, "host": "n0", "ranks": [0, 1]}], "spares": []},
+    ],
+}  # fmt: skip
+SUMMARY_RESTART = {
+    "job": {"id": "78", "step": "1", "nnodes": 2, "world_size": 2, "log_dir": "/l/78"},
+    "exit_code": 1,
+    "root_cause": CAUSE,
+    "attempts": [
+        {"attempt": 0, "root_cause": {"kind": "lost", "node_rank": 1, "host": "n1", "how": "lost"},
+         "ranks": [rank(0, "terminated", 100, 105), rank(1, "lost", 0, None, node=1)],
+         "lost_nodes": [1],
+         "nodes": [{"host": "n0"}, {"host": "n1"}], "spares": ["n2"]},
+        {"attempt": 1, "root_cause": CAUSE,
+         "ranks": [rank(0, "terminated", 106, 120), rank(1, "failed", 106, 119, node=1, rc=3)],
+         "nodes": [{"host": "n0"}, {"host": "n2"}], "spares": []},
+    ],
+}  # fmt: skip
+SUMMARY_EARLY = {  # ended before any attempt: a node never joined
+    "job": {"id": "79", "nnodes": 4, "world_size": 8},
+    "exit_code": 3,
+    "root_cause": {"kind": "join", "how": "node 3 never arrived"},
+    "attempts": [],
+}
+SUMMARY_GARBAGE = {
+    "job": ["not", "a", "map"],
+    "exit_code": "zero",
+    "root_cause": "a string",
+    "attempts": [7, {"ranks": "x", "attempt": True}, {"ranks": [rank(0, start=float("nan"))]}],
+    "stragglers": [{"rank": 3, "host": "n1\x1b[31m"}, "n9"],
+}
+
+
+@pytest.mark.parametrize(
+    "summary, expect",
+    [
+        (SUMMARY_OK, dict(job_id="77", step="0", command="train.py a.yml --lr 1", start=100.0,
+                          end=112.5, nodes=1, ranks=2, spares_used=(), exit_code=0,
+                          status="succeeded", cause=None, restarts=0, stragglers=(),
+                          log_dir="/l/77")),
+        (SUMMARY_RESTART, dict(job_id="78", step="1", start=100.0, end=120.0, nodes=2, ranks=2,
+                               spares_used=("n2",), exit_code=1, status="failed",
+                               cause="rank 1 on n0 (node 0) exit code 3", restarts=1)),
+        (SUMMARY_EARLY, dict(job_id="79", start=NOW, end=NOW, nodes=4, ranks=8, exit_code=3,
+                             cause="join: node 3 never arrived", restarts=0,
+                             attempts=())),
+        (SUMMARY_GARBAGE, dict(job_id="local", step="", command="", exit_code=1,
+                               status="failed", cause=None, restarts=1, start=NOW, end=NOW,
+                               stragglers=("rank 3 on n1\x1b[31m", "n9"))),
+    ],
+    ids=["ok", "restart-with-spare", "before-first-attempt", "garbage"],
+)  # fmt: skip
+def test_record_from_summary(summary, expect):
+    record = from_summary(summary, NOW)
+    assert isinstance(record, JobRecord)
+    for field, value in expect.items():
+        assert getattr(record, field) == value, field
+
+
+def test_attempt_records():
+    attempts = from_summary(SUMMARY_RESTART, NOW).attempts
+    assert attempts == (
+        AttemptRecord(0, 100.0, 105.0, 2, 2, 2, ("n2",), (1,), "node 1 (n1): lost"),
+        AttemptRecord(1, 106.0, 120.0, 2, 2, 2, (), (), "rank 1 on n0 (node 0) exit code 3"),
+    )
+    with pytest.raises(AttributeError):
+        attempts[0].attempt = 5  # frozen
+
+
+def test_rows_escape_what_came_from_files():
+    record = from_summary(SUMMARY_GARBAGE, NOW)
+    stored = store.Stored(0, record)
+    (cells, style), *_ = job_rows([stored])
+    assert "\x1b" not in "".join(cells) and style == "red"
+    assert safe("a\x1b[2Jb\u202e") == "a\\x1b[2Jb\\u202e"
+
+
+def _append(path: Path, summary, warnings: list[str] | None = None, cap=store.ROW_CAP, **env):
+    environ = {"AGENT_STATE_DIR": str(path), "TMPDIR": str(path.parent / "tmp"), **env}
+    sink = warnings if warnings is not None else []
+    return store.append(
+        from_summary(summary, NOW), environ, path, os.getuid(), sink.append, cap=cap
+    )
+
+
+def test_append_and_read_back(tmp_path):
+    state = tmp_path / "state"
+    assert _append(state, SUMMARY_OK) == state / "history.sqlite"
+    _append(state, SUMMARY_RESTART)
+    _append(state, SUMMARY_OK)  # the same job id again: its next run
+    jobs = store.read(state / "history.sqlite")
+    assert [(s.record.job_id, s.run) for s in jobs] == [("77", 0), ("78", 0), ("77", 1)]
+    assert jobs[1].record.attempts == ()  # the list reads no attempts
+    (one,) = store.read(state / "history.sqlite", "78")
+    assert one.record == from_summary(SUMMARY_RESTART, NOW)
+    assert [s.run for s in store.read(state / "history.sqlite", "77", 1)] == [1]
+    con = sqlite3.connect(state / "history.sqlite")
+    assert con.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+    assert oct(state.stat().st_mode & 0o777) == "0o700"
+
+
+def test_pruned_to_the_cap_oldest_first(tmp_path):
+    state = tmp_path / "state"
+    for i in range(7):
+        _append(state, {**SUMMARY_RESTART, "job": {"id": f"j{i}"}}, cap=3)
+    jobs = store.read(state / "history.sqlite")
+    assert [s.record.job_id for s in jobs] == ["j4", "j5", "j6"]
+    con = sqlite3.connect(state / "history.sqlite")
+    assert con.execute("SELECT count(*) FROM attempts").fetchone() == (6,)  # 2 per kept job
+
+
+APPENDER = """
+import json, os, sys
+from pathlib import Path
+from agent.history import store
+from agent.history.record import from_summary
+state, who, count = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+summary = json.loads(sys.argv[4])
+sys.stdin.readline()  # the go: both start at once
+for i in range(count):
+    summary["job"] = {"id": "p" + who, "step": str(i)}
+    warnings = []
+    where = store.append(from_summary(summary, 1.0), {"AGENT_STATE_DIR": str(state)}, state,
+                         os.getuid(), warnings.append)
+    assert where == state / "history.sqlite" and not warnings, (where, warnings)
+"""
+
+
+def test_two_processes_appending_at_once_both_recorded(tmp_path):
+    state = tmp_path / "state"
+    count = 25
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                APPENDER,
+                str(state),
+                str(who),
+                str(count),
+                json.dumps(SUMMARY_RESTART),
+            ],
+            stdin=subprocess.PIPE,
+            env=env,
+            text=True,
+        )  # fmt: skip
+        for who in (0, 1)
+    ]
+    for p in procs:  # both are blocked on stdin until now
+        p.stdin.write("go\n")
+        p.stdin.flush()
+    for p in procs:
+        p.stdin.close()
+        assert p.wait(120) == 0
+    jobs = store.read(state / "history.sqlite")
+    for who in (0, 1):
+        assert sorted(s.run for s in jobs if s.record.job_id == f"p{who}") == list(range(count))
+    con = sqlite3.connect(state / "history.sqlite")
+    assert con.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+    assert con.execute("SELECT count(*) FROM attempts").fetchone() == (2 * count * 2,)
+
+
+def test_unwritable_database_falls_back_with_one_warning(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    state = blocker / "state"  # a directory under a regular file: cannot be made, even by root
+    warnings: list[str] = []
+    where = _append(state, SUMMARY_RESTART, warnings, TMPDIR=str(tmp_path / "tmp"))
+    assert where == tmp_path / "tmp" / f"launch-agent-{os.getuid()}" / "history.sqlite"
+    assert len(warnings) == 1 and str(state) in warnings[0] and str(where) in warnings[0]
+    assert [s.record.job_id for s in store.read(where)] == ["78"]
+
+
+def test_a_database_locked_too_long_falls_back_instead_of_waiting(tmp_path):
+    state = tmp_path / "state"
+    _append(state, SUMMARY_OK)
+    holder = sqlite3.connect(state / "history.sqlite", isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")  # another job's transaction that does not end
+    warnings: list[str] = []
+    environ = {"AGENT_STATE_DIR": str(state), "TMPDIR": str(tmp_path / "tmp")}
+    record = from_summary(SUMMARY_RESTART, NOW)
+    started = time.monotonic()
+    where = store.append(record, environ, state, os.getuid(), warnings.append, busy=0.2)
+    assert time.monotonic() - started < 30  # a hang bound only; the wait is `busy` seconds
+    assert where == tmp_path / "tmp" / f"launch-agent-{os.getuid()}" / "history.sqlite"
+    assert len(warnings) == 1 and "locked" in warnings[0], warnings
+    holder.execute("ROLLBACK")
+    assert [s.record.job_id for s in store.read(state / "history.sqlite")] == ["77"]
+
+
+def test_a_file_that_is_not_a_database_falls_back(tmp_path):
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "history.sqlite").write_bytes(b"not a database" * 100)
+    warnings: list[str] = []
+    where = _append(state, SUMMARY_OK, warnings)
+    assert where is not None and where.parent.name == f"launch-agent-{os.getuid()}"
+    assert len(warnings) == 1
+
+
+@pytest.mark.skipif(os.getuid() == 0, reason="root writes into a read-only directory")
+def test_read_only_directory_falls_back(tmp_path):
+    state = tmp_path / "state"
+    state.mkdir()
+    state.chmod(0o500)
+    warnings: list[str] = []
+    try:
+        where = _append(state, SUMMARY_OK, warnings)
+    finally:
+        state.chmod(0o700)
+    assert where is not None and where != state / "history.sqlite" and len(warnings) == 1
+
+
+def test_nowhere_to_write_is_one_warning_not_an_exception(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    warnings: list[str] = []
+    environ = {"AGENT_STATE_DIR": str(blocker / "s"), "TMPDIR": str(blocker / "t")}
+    assert (
+        store.append(from_summary(SUMMARY_OK, NOW), environ, tmp_path, 0, warnings.append) is None
+    )
+    assert len(warnings) == 1 and "not recorded" in warnings[0]
+
+
+MOUNTINFO = """\
+22 27 0:21 / /proc rw,relatime - proc proc rw
+27 1 8:1 / / rw,relatime - ext4 /dev/sda1 rw
+40 27 0:50 / /home rw,relatime - nfs4 srv:/home rw,vers=4.2
+41 40 0:51 / /home/a\\040b rw,relatime - lustre srv@tcp:/fs rw
+42 27 0:52 / /homework rw,relatime - xfs /dev/sdb rw
+"""
+
+
+@pytest.mark.parametrize(
+    "path, kind",
+    [
+        ("/", "ext4"),
+        ("/tmp/x", "ext4"),
+        ("/home", "nfs4"),
+        ("/home/u/.cache/launch-agent", "nfs4"),
+        ("/home/a b/state", "lustre"),
+        ("/homework/state", "xfs"),  # a prefix of the string, not of the path
+    ],
+)
+def test_filesystem_of_a_path(path, kind):
+    assert store.filesystem_of(MOUNTINFO, path) == kind
+
+
+def test_state_dir_is_the_resident_agents_one(tmp_path):
+    from agent.serve import connection
+
+    for environ in ({}, {"AGENT_STATE_DIR": str(tmp_path / "s")}, {"AGENT_STATE_DIR": ""}):
+        assert store.state_dir(environ, tmp_path) == connection.state_dir(environ, tmp_path)
+
+
+def test_history_sits_below_run_serve_launch():
+    from test_structure import import_graph
+
+    graph, _ = import_graph()
+    for module, imports in graph.items():
+        if module == "agent.history" or module.startswith("agent.history."):
+            upward = [m for m in imports if m.split(".")[1] in ("run", "serve", "launch")]
+            assert not upward, (module, upward)
+
+
+# -- the CLI, as a user runs it ------------------------------------------------------------
+def cli(tmp_path: Path, *argv: str, state: Path | None = None) -> subprocess.CompletedProcess:
+    env = {
+        "PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "PYTHONPATH": str(REPO),
+        "AGENT_STATE_DIR": str(state or tmp_path / "state"), "TMPDIR": str(tmp_path / "tmp"),
+    }  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "agent", "history", *argv],
+        capture_output=True, text=True, env=env, timeout=60,
+    )  # fmt: skip
+
+
+def test_cli_lists_shows_and_refuses(tmp_path):
+    state = tmp_path / "state"
+    assert "no jobs recorded" in cli(tmp_path).stdout
+    for summary in (SUMMARY_OK, SUMMARY_RESTART, SUMMARY_EARLY):
+        _append(state, summary)
+    listed = cli(tmp_path)
+    assert listed.returncode == 0, listed.stderr
+    lines = listed.stdout.splitlines()
+    assert "3 job(s)" in lines[0] and "root cause" in lines[2]
+    by_job = {line.split("│")[1].strip(): line for line in lines if line.startswith("│")}
+    assert set(by_job) == {"77.0", "78.0", "79.0"}
+    assert "exit code 3" in by_job["78.0"] and "│ 1 " in by_job["78.0"]  # cause, exit 1
+    failed = cli(tmp_path, "--failed", "--json")
+    assert [j["job"] for j in json.loads(failed.stdout)] == ["78.0", "79.0"]
+    last = json.loads(cli(tmp_path, "--last", "1", "--json").stdout)
+    assert [j["job_id"] for j in last] == ["79"]  # the one that ended last
+    shown = cli(tmp_path, "78.0")
+    assert shown.returncode == 0, shown.stderr
+    assert "attempts of 78.0" in shown.stdout and "node 1 (n1): lost" in shown.stdout
+    assert "spares used: n2" in shown.stdout
+    assert cli(tmp_path, "78").stdout == shown.stdout  # JOB: all its runs (one)
+    for argv, words in (
+        (["nope"], "no job nope recorded"),
+        (["78.4"], "no job 78.4 recorded"),
+        (["--last", "x"], "--last 'x'"),
+        (["--last", "-1"], "--last '-1'"),
+        (["--bogus"], "unrecognized arguments"),
+    ):
+        bad = cli(tmp_path, *argv)
+        assert bad.returncode == 2, (argv, bad.stderr)
+        assert bad.stderr.count("\n") == 1 and words in bad.stderr, bad.stderr
+        assert "Traceback" not in bad.stderr
+
+
+def test_cli_reads_the_fallback_too(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    _append(blocker / "state", SUMMARY_RESTART, TMPDIR=str(tmp_path / "tmp"))
+    listed = cli(tmp_path, "--json", state=blocker / "state")
+    assert [j["job"] for j in json.loads(listed.stdout)] == ["78.0"], listed.stderr
+
+
+def test_node_zero_records_every_job_of_a_long_lived_process(tmp_path):
+    """A resident agent records run after run from one process (the hook is called repeatedly)."""
+    from agent import history
+
+    environ = {"AGENT_STATE_DIR": str(tmp_path / "state")}
+    for summary in (SUMMARY_OK, SUMMARY_RESTART, SUMMARY_OK):
+        assert history.record_job(summary, environ) == tmp_path / "state" / "history.sqlite"
+    jobs = store.read(tmp_path / "state" / "history.sqlite")
+    assert [(s.record.job_id, s.run) for s in jobs] == [("77", 0), ("78", 0), ("77", 1)]
