@@ -288,7 +288,7 @@ def test_filesystem_of_a_path(path, kind):
 
 
 def test_state_dir_is_the_resident_agents_one(tmp_path):
-    from agent.serve import connection
+    from agent.control import connection
 
     for environ in ({}, {"AGENT_STATE_DIR": str(tmp_path / "s")}, {"AGENT_STATE_DIR": ""}):
         assert store.state_dir(environ, tmp_path) == connection.state_dir(environ, tmp_path)

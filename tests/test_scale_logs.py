@@ -11,7 +11,7 @@ import pytest
 from rich.console import Console
 
 from agent.logs import main as logs_main
-from agent.logs.rank_table import RankTable
+from agent.console.rank_table import RankTable
 from agent.logs.selection import Selection
 from agent.logs.summary_view import _painter, summary_view
 

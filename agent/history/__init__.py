@@ -158,7 +158,7 @@ def _read(path: Path, job: str | None = None, run: int | None = None) -> list[An
 
 def _draw(title: str, rows: list, header: Sequence[str], out: TextIO) -> None:
     """As `agent logs --summary` draws its rank table: directly when it fits, else by rich."""
-    from agent.logs.rank_table import RankTable
+    from agent.console.rank_table import RankTable
 
     table = RankTable(title, rows, header)
     tty = out.isatty()

@@ -10,7 +10,7 @@ from typing import Any, BinaryIO
 
 from agent.errors import AgentError
 from agent.logs.logdir import check_dir, read_json
-from agent.logs.rank_table import RankTable
+from agent.console.rank_table import RankTable
 from agent.logs.selection import LogsCommand, Selection, safe_text, selected
 from agent.plan.ranks import FR_DUMP_PREFIX
 from agent.run.summary import cause_line
