@@ -10,8 +10,8 @@ import re
 import pytest
 from rich.console import Console
 
-from agent.logs import main as logs_main
 from agent.console.rank_table import RankTable
+from agent.logs import main as logs_main
 from agent.logs.selection import Selection
 from agent.logs.summary_view import _painter, summary_view
 

@@ -8,9 +8,9 @@ import shutil
 from collections.abc import Mapping, Sequence
 from typing import Any, BinaryIO
 
+from agent.console.rank_table import RankTable
 from agent.errors import AgentError
 from agent.logs.logdir import check_dir, read_json
-from agent.console.rank_table import RankTable
 from agent.logs.selection import LogsCommand, Selection, safe_text, selected
 from agent.plan.ranks import FR_DUMP_PREFIX
 from agent.run.summary import cause_line
