@@ -8,12 +8,19 @@ unit layer unmarked; tests that start agents some other way carry the mark thems
 
 from __future__ import annotations
 
+import signal
 import sys
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+# A shell starts a background job (`.ci/run &`, nohup) with SIGINT ignored, and an ignored signal
+# stays ignored across exec: every process the tests start would then shrug off the Ctrl-C they
+# send it. Tests run as if from a terminal: SIGINT raises KeyboardInterrupt here and is at its
+# default in every child.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 
 from cluster import Cluster  # noqa: E402
 from slurm_local import slurm  # noqa: E402, F401  (the real local Slurm, for the Slurm tests)

@@ -78,7 +78,10 @@ def _merge_laughs() -> str:
 
 DEPTH = cfg.MAX_DEPTH
 
-# (case id, file content, fragments of the one line; "{path}" is the file)
+# (case id, file content, fragments of the one line; "{path}" is the file). The nesting cases
+# depend on PyYAML's version: the libyaml bundled with PyYAML 6.0.4 refuses 1,000 levels while
+# scanning ahead, before our composer sees level 200; load_yaml then re-reads the text with
+# PyYAML's own scanner, so the place and the limit named are ours with 6.0.3 and 6.0.4 alike.
 CONFIG_BOMBS = [
     ("billion-laughs", _laughs(), ["{path}:7:10", "aliases expand", "1,000,000", "alias bomb"]),
     ("merge-key-laughs", _merge_laughs(), ["{path}:", "aliases expand", "1,000,000"]),
