@@ -126,8 +126,10 @@ def test_ctrl_c_stops_every_rank_and_a_concurrent_run_is_refused(four, tmp_path)
     assert second.returncode == 2 and "run " in second.stderr and "is active" in second.stderr
     assert FIXTURE in second.stderr, "names the active run"
     client.send_signal(signal.SIGINT)
-    _, err = client.communicate(timeout=30)
+    out, err = client.communicate(timeout=30)
     assert client.returncode == 130, err.decode()
+    said = out.decode() + err.decode()  # the run's report, relayed: the same code
+    assert "job failed (exit 130)" in said and "(exit 1)" not in said, said
     for rank in range(8):
         assert (ready / f"signals-{rank}").read_text().split() == ["SIGINT"]
     wait_for(lambda: four.status().stdout.count(" ready ") == 4, 30, "agents ready again")
