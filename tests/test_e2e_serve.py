@@ -168,6 +168,7 @@ def test_spawn_dataloader_workers_in_a_warm_rank(four, tmp_path):
     result = four.call("run", str(script))
     assert result.returncode == 0, result.stderr
     assert result.stdout.count("warm 28") == 4, result.stdout + result.stderr
+    assert "left behind" not in result.stderr, "the resource_tracker exits by itself"
 
 
 def _rank_pids(ready):
@@ -196,6 +197,33 @@ def test_a_lost_node_is_named_when_a_run_is_refused(two):
     result = two.call("run", FIXTURE)
     assert result.returncode == 3
     assert "node 1 (127.0.0.2) lost" in result.stderr, result.stderr
+
+
+def test_a_killed_zygote_is_named_as_the_root_cause(tmp_path):
+    """SIGKILL of the zygote mid-run kills its warm ranks (PDEATHSIG): the report says so."""
+    one = Serving(tmp_path, 1, ("--preload", "json"))  # a light zygote, no torch
+    try:
+        _kill_the_zygote_mid_run(one.start().ready(), tmp_path)
+    finally:
+        one.kill()
+
+
+def _kill_the_zygote_mid_run(one, tmp_path):
+    args = ["--env-out", str(tmp_path), "--ready-to", str(tmp_path), "--others-wait"]
+    client = one.client("run", FIXTURE, *args)
+    wait_for(lambda: len(list(tmp_path.glob("ready-*"))) == 1, 60, "the rank to start")
+    rank = psutil.Process(json.loads((tmp_path / "env-0.json").read_text())["pid"])
+    zygote = rank.parent()
+    assert zygote.pid not in [a.proc.pid for a in one.agents], "rank 0 is warm"
+    zygote.kill()
+    out, err = client.communicate(timeout=60)
+    assert client.returncode == 1, err.decode()
+    said = out.decode() + err.decode()
+    cause = (
+        "root cause: rank 0 on 127.0.0.1 (node 0) killed by SIGKILL with its zygote: the warm "
+        f"interpreter it was forked from (pid {zygote.pid}) died first (killed by SIGKILL)"
+    )
+    assert cause in said, said
 
 
 def test_down_stops_every_agent_and_leaves_no_process(two, tmp_path):

@@ -431,6 +431,8 @@ def test_killed_zygote_takes_its_ranks_along(light_zygote):
     os.kill(zygote.pid, signal.SIGKILL)
     assert rank.proc.wait(30) == -signal.SIGKILL
     assert gone(rank.proc.pid)
+    why = f"with its zygote: the warm interpreter it was forked from (pid {zygote.pid})"
+    assert rank.proc.lost_with == f"{why} died first (killed by SIGKILL)"
     assert not zygote.ready
     with pytest.raises(ZygoteGone):
         zygote.fork([sys.executable, EXIT, "code", "0"], env, "/", None, None, False)
