@@ -226,6 +226,26 @@ def _kill_the_zygote_mid_run(one, tmp_path):
     assert cause in said, said
 
 
+def test_stacks_of_a_warm_rank_start_at_the_users_code(tmp_path):
+    """`agent stacks` on a warm rank: the agent's warm-start frames are one line, then rank.py."""
+    one = Serving(tmp_path, 1, ("--preload", "json"))  # a light zygote, no torch
+    try:
+        one.start().ready()
+        client = one.client("run", FIXTURE, "--ready-to", str(tmp_path), "--others-wait")
+        wait_for(lambda: (tmp_path / "ready-0").exists(), 60, "the rank to start")
+        shown = one.call("stacks", timeout=60)
+        client.send_signal(signal.SIGINT)
+        client.communicate(timeout=30)
+    finally:
+        one.kill()
+    assert shown.returncode == 0, shown.stderr
+    lines = shown.stdout.splitlines()
+    folded = [i for i, line in enumerate(lines) if "of the agent's warm start folded)" in line]
+    assert len(folded) == 1, shown.stdout
+    assert lines[folded[0] + 1].endswith(" in <module>") and "rank.py" in lines[folded[0] + 1]
+    assert "/agent/warm/" not in shown.stdout, shown.stdout
+
+
 def test_down_stops_every_agent_and_leaves_no_process(two, tmp_path):
     two.start().ready()
     assert two.call("run", FIXTURE).returncode == 0
