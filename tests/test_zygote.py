@@ -122,7 +122,12 @@ def gone(pid: int, timeout: float = 10) -> bool:
 # fixtures/warm_probe.py's output. SAME: a warm rank sees what `python script.py` started the same
 # way sees. OWN: a fresh interpreter draws it from the OS at start, so every rank of every run has
 # its own (a forked rank must not inherit the zygote's). PRELOADED: torch is imported already.
-SAME, OWN, PRELOADED = "same", "own", "preloaded"
+# PRELOAD_ONLY: a warm rank starts with the fresh one's modules plus only what the fresh one gets
+# by importing the preload list (and what the probe imports), none of the zygote's own.
+SAME, OWN, PRELOADED, PRELOAD_ONLY = "same", "own", "preloaded", "preload only"
+# Known, meant: the stack fallback for ranks py-spy cannot attach to (agent/hang/fallback.py)
+# registers faulthandler in warm ranks; a builtin module, so it stays imported.
+AGENT_ADDS = {"faulthandler"}
 ROWS = {
     "torch_at_start": PRELOADED,
     # __main__ and how the script was started
@@ -149,6 +154,8 @@ ROWS = {
     "own_session": SAME,
     "fds": SAME,
     "agent_modules": SAME,
+    "modules_at_start": PRELOAD_ONLY,
+    "modules_after_imports": PRELOAD_ONLY,
     "tempdir": SAME,
     "mp_original_dir": SAME,
     # libraries' import-time state
@@ -196,6 +203,12 @@ def test_rank_is_what_a_fresh_interpreter_would_be(zygote, tmp_path, unbuffered)
         elif kind == SAME:
             for rank, state in warm_ranks:
                 assert state[key] == fresh_ranks[rank][key], key
+        elif kind == PRELOAD_ONLY:
+            for rank, state in warm_ranks:
+                theirs = fresh_ranks[rank]
+                assert not set(theirs[key]) - set(state[key]), (key, "missing")
+                extra = set(state[key]) - set(theirs["modules_after_imports"]) - AGENT_ADDS
+                assert not extra, (key, sorted(extra))
         else:
             values = [json.dumps(s[key]) for _, s in warm_ranks]
             assert len(set(values)) == len(values), (key, values)
