@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -14,6 +16,8 @@ from cluster import REPO, base_env, job_processes, wait_for
 pytestmark = pytest.mark.e2e
 
 STUCK = str(REPO / "tests" / "fixtures" / "stuck_job.py")
+RANK = str(REPO / "tests" / "fixtures" / "rank.py")
+CATASTROPHIC = "a" * 40 + "b"  # (a+)+$ backtracks 2^40 times on it in Python's re
 
 
 def _started(cluster) -> bool:
@@ -56,7 +60,11 @@ def test_hang_timeout_names_the_lone_rank_and_leaves_nothing(cluster_factory):
     assert codes == [1, 1], cluster.dump()
     cause = cluster.summary()["root_cause"]["how"]
     assert cause.startswith("hang: no progress for 5 s; rank 3 in spin_without_progress"), cause
-    assert "ranks 0-2 in wait_in_the_collective" in cause
+    # blocked inside torch: the innermost frame, and the user's frame that called it
+    assert (
+        "; ranks 0-2 in " in cause
+        and "called from wait_in_the_collective (stuck_job.py:15)" in cause
+    ), cause
     stacks = (cluster.log_dir / "stacks-a0.txt").read_text()
     assert "rank 3 (1 rank" in stacks and "ranks 0-2 (3 ranks" in stacks
     assert not job_processes(cluster.marker)
@@ -81,3 +89,20 @@ def test_a_hang_restarts_the_world_then_fails_as_a_hang(cluster_factory):
     assert len(summary["attempts"]) == 2, json.dumps(summary)[:2000]
     assert summary["root_cause"]["how"].startswith("hang: no progress for 4 s")
     assert (cluster.log_dir / "stacks-a1.txt").exists()
+
+
+def test_a_catastrophic_progress_regex_neither_wedges_the_output_nor_the_signals(cluster_factory):
+    """`(a+)+$` against 40 a's and a b: Python's re would hold the GIL for hours in the thread
+    that drains every pipe, so rank output stops and the agent never handles SIGTERM. RE2 runs
+    it in linear time: the job ends, and a job still running answers SIGTERM at once."""
+    args = ["--hang-timeout", "600", "--progress-regex", "(a+)+$", RANK, "--stdout", CATASTROPHIC]
+    done = cluster_factory(1).start(args)
+    assert done.wait(60) == [0], done.dump()
+    assert CATASTROPHIC in done.rank_file(0).read_text()
+    running = cluster_factory(1, step="1").start([*args, "--others-wait"])
+    line = running.rank_file(0)
+    wait_for(lambda: line.exists() and CATASTROPHIC in line.read_text(), 90, "the line's arrival")
+    start = time.monotonic()
+    os.kill(running.agents[0].proc.pid, signal.SIGTERM)
+    assert running.wait(30) == [143], running.dump()  # a hang catcher: 2 s is the promise
+    print(f"SIGTERM answered in {time.monotonic() - start:.2f} s")

@@ -89,6 +89,32 @@ def test_processes_that_escape_their_rank_are_cleaned_up(cluster_factory, tmp_pa
     assert any("left behind by ranks" in w and "cleaned up" in w for w in warnings), warnings
 
 
+def test_a_process_that_exits_by_itself_is_not_reported(cluster_factory, tmp_path):
+    """Python's resource_tracker (every spawn DataLoader, every SharedMemory) outlives its rank
+    by a moment and ends when the rank's pipe closes: nothing the agent had to clean up."""
+    script = _script(
+        tmp_path,
+        "tracker.py",
+        """
+        import multiprocessing, os
+        from multiprocessing import resource_tracker, shared_memory
+        multiprocessing.get_context("spawn")
+        memory = shared_memory.SharedMemory(create=True, size=64)  # starts the resource_tracker
+        memory.close()
+        memory.unlink()
+        print("tracker", resource_tracker._resource_tracker._pid, flush=True)
+        """,
+    )
+    cluster = cluster_factory(1).start(["--nproc-per-node", "2", "--grace", "5", script])
+    assert cluster.wait(60) == [0], cluster.dump()
+    trackers = [int(cluster.rank_file(r).read_text().split()[1]) for r in range(2)]
+    assert all(trackers) and trackers[0] != trackers[1], trackers
+    warnings = cluster.summary()["attempts"][0]["warnings"]
+    assert not any("left behind" in w for w in warnings), warnings
+    assert "left behind" not in cluster.agents[0].stderr(), cluster.dump()
+    assert not job_processes(cluster.marker)
+
+
 @pytest.fixture
 def tiny_disk(tmp_path):
     if os.geteuid() != 0 or shutil.which("mount") is None:

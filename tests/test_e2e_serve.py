@@ -126,8 +126,10 @@ def test_ctrl_c_stops_every_rank_and_a_concurrent_run_is_refused(four, tmp_path)
     assert second.returncode == 2 and "run " in second.stderr and "is active" in second.stderr
     assert FIXTURE in second.stderr, "names the active run"
     client.send_signal(signal.SIGINT)
-    _, err = client.communicate(timeout=30)
+    out, err = client.communicate(timeout=30)
     assert client.returncode == 130, err.decode()
+    said = out.decode() + err.decode()  # the run's report, relayed: the same code
+    assert "job failed (exit 130)" in said and "(exit 1)" not in said, said
     for rank in range(8):
         assert (ready / f"signals-{rank}").read_text().split() == ["SIGINT"]
     wait_for(lambda: four.status().stdout.count(" ready ") == 4, 30, "agents ready again")
@@ -166,6 +168,7 @@ def test_spawn_dataloader_workers_in_a_warm_rank(four, tmp_path):
     result = four.call("run", str(script))
     assert result.returncode == 0, result.stderr
     assert result.stdout.count("warm 28") == 4, result.stdout + result.stderr
+    assert "left behind" not in result.stderr, "the resource_tracker exits by itself"
 
 
 def _rank_pids(ready):
@@ -194,6 +197,53 @@ def test_a_lost_node_is_named_when_a_run_is_refused(two):
     result = two.call("run", FIXTURE)
     assert result.returncode == 3
     assert "node 1 (127.0.0.2) lost" in result.stderr, result.stderr
+
+
+def test_a_killed_zygote_is_named_as_the_root_cause(tmp_path):
+    """SIGKILL of the zygote mid-run kills its warm ranks (PDEATHSIG): the report says so."""
+    one = Serving(tmp_path, 1, ("--preload", "json"))  # a light zygote, no torch
+    try:
+        _kill_the_zygote_mid_run(one.start().ready(), tmp_path)
+    finally:
+        one.kill()
+
+
+def _kill_the_zygote_mid_run(one, tmp_path):
+    args = ["--env-out", str(tmp_path), "--ready-to", str(tmp_path), "--others-wait"]
+    client = one.client("run", FIXTURE, *args)
+    wait_for(lambda: len(list(tmp_path.glob("ready-*"))) == 1, 60, "the rank to start")
+    rank = psutil.Process(json.loads((tmp_path / "env-0.json").read_text())["pid"])
+    zygote = rank.parent()
+    assert zygote.pid not in [a.proc.pid for a in one.agents], "rank 0 is warm"
+    zygote.kill()
+    out, err = client.communicate(timeout=60)
+    assert client.returncode == 1, err.decode()
+    said = out.decode() + err.decode()
+    cause = (
+        "root cause: rank 0 on 127.0.0.1 (node 0) killed by SIGKILL with its zygote: the warm "
+        f"interpreter it was forked from (pid {zygote.pid}) died first (killed by SIGKILL)"
+    )
+    assert cause in said, said
+
+
+def test_stacks_of_a_warm_rank_start_at_the_users_code(tmp_path):
+    """`agent stacks` on a warm rank: the agent's warm-start frames are one line, then rank.py."""
+    one = Serving(tmp_path, 1, ("--preload", "json"))  # a light zygote, no torch
+    try:
+        one.start().ready()
+        client = one.client("run", FIXTURE, "--ready-to", str(tmp_path), "--others-wait")
+        wait_for(lambda: (tmp_path / "ready-0").exists(), 60, "the rank to start")
+        shown = one.call("stacks", timeout=60)
+        client.send_signal(signal.SIGINT)
+        client.communicate(timeout=30)
+    finally:
+        one.kill()
+    assert shown.returncode == 0, shown.stderr
+    lines = shown.stdout.splitlines()
+    folded = [i for i, line in enumerate(lines) if "of the agent's warm start folded)" in line]
+    assert len(folded) == 1, shown.stdout
+    assert lines[folded[0] + 1].endswith(" in <module>") and "rank.py" in lines[folded[0] + 1]
+    assert "/agent/warm/" not in shown.stdout, shown.stdout
 
 
 def test_down_stops_every_agent_and_leaves_no_process(two, tmp_path):

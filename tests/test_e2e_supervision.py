@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 
 import pytest
-from cluster import FIXTURE, job_processes, wait_for
+from cluster import FIXTURE, base_env, job_processes, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -204,6 +206,28 @@ def test_sigterm_and_sigint_reach_ranks_and_set_exit_codes(cluster_factory, tmp_
                 f"rank {rank} did not get {signum.name}"
             )
         _no_leftovers(cluster)
+
+
+@pytest.mark.parametrize(("signum", "expected"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_one_exit_code_after_a_stop_signal(cluster_factory, tmp_path, signum, expected):
+    """The process, the console's report, summary.json and `agent logs --summary` say the same
+    code after Ctrl-C or scancel (README's table), not "job failed (exit 1)"."""
+    cluster = cluster_factory(1).start(
+        ["--nproc-per-node", "2", FIXTURE, "--ready-to", str(tmp_path), "--others-wait"]
+    )
+    wait_for(lambda: len(list(tmp_path.glob("ready-*"))) == 2, 120, "ranks ready")
+    os.kill(cluster.agents[0].proc.pid, signum)
+    assert cluster.wait(60) == [expected], cluster.dump()
+    assert cluster.summary()["exit_code"] == expected
+    console = cluster.agents[0].stdout() + cluster.agents[0].stderr()
+    assert f"job failed (exit {expected}) after 1 attempt(s)" in console, console
+    assert "(exit 1)" not in console, console
+    shown = subprocess.run(
+        [sys.executable, "-m", "agent", "logs", str(cluster.log_dir), "--summary"],
+        env=base_env(tmp_path), capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert f"(exit {expected})" in shown.stdout, shown.stdout + shown.stderr
+    _no_leftovers(cluster)
 
 
 def test_ctrl_c_on_one_node_reaches_every_rank_as_sigint(cluster_factory, tmp_path):

@@ -38,6 +38,25 @@ def bad(rank: int, error: str) -> RankStack:
 
 
 STEP = th(fr("<module>", line=100), fr("step", line=88), fr("all_reduce", TORCH, 2500))
+# How a warm rank's main thread starts: the agent's frames above the user's <module>
+WARM_START = (
+    fr("<module>", "/venv/lib/python3.11/site-packages/agent/warm/zygote_main.py", 114),
+    fr("main", "/venv/lib/python3.11/site-packages/agent/warm/zygote_main.py", 100),
+    fr("serve", "/venv/lib/python3.11/site-packages/agent/warm/serve.py", 120),
+    fr("become_rank", "/venv/lib/python3.11/site-packages/agent/warm/rank_start.py", 63),
+    fr("run", "/venv/lib/python3.11/site-packages/agent/warm/script.py", 55),
+    fr("_call", "/venv/lib/python3.11/site-packages/agent/warm/script.py", 98),
+    fr("<lambda>", "/venv/lib/python3.11/site-packages/agent/warm/script.py", 52),
+)
+WARM_STEP = th(*WARM_START, *STEP.frames)
+SITE = "/venv/lib/python3.11/site-packages"
+LIGHTNING_HANG = th(
+    fr("<module>", "/job/fit.py", 29),
+    fr("fit", f"{SITE}/lightning/pytorch/trainer/trainer.py", 538),
+    fr("training_step", "/job/fit.py", 12),
+    fr("backward", f"{SITE}/torch/_tensor.py", 626),
+    fr("_engine_run_backward", f"{SITE}/torch/autograd/graph.py", 823),
+)
 LOAD = th(fr("<module>", line=100), fr("load_batch", "/job/data.py", 40))
 HELPER = th(fr("wait", THREADING, 320), name="pin_memory", idle=True)
 
@@ -146,6 +165,11 @@ def test_collate(stacks, expected):
             id="python3.11 in a user path is not the stdlib",
         ),
         pytest.param(th(), None, id="no frames"),
+        pytest.param(
+            th(*WARM_START, fr("<module>", "/job/t.py", 2), fr("g", TORCH, 9)),
+            fr("<module>", "/job/t.py", 2),
+            id="the agent's warm start skipped",
+        ),
     ],
 )
 def test_key_frame_is_the_innermost_user_frame(thread, expected):
@@ -166,12 +190,55 @@ def test_key_thread_is_the_main_one_else_the_first_active():
     [
         pytest.param(
             [*(rs(r, STEP) for r in range(7)), rs(7, LOAD)],
-            "rank 7 in load_batch (data.py:40); ranks 0-6 in step (train.py:88)",
+            "rank 7 in load_batch (data.py:40); ranks 0-6 in all_reduce "
+            "(torch/distributed/distributed_c10d.py:2500) called from step (train.py:88)",
             id="issue example",
         ),
         pytest.param(
-            [rs(0, STEP), bad(1, "py-spy: Permission\n denied  " + "x" * 300)],
-            "rank 0 in step (train.py:88); rank 1: no stack (py-spy: Permission denied "
+            [rs(0, LIGHTNING_HANG)],
+            "rank 0 in _engine_run_backward (torch/autograd/graph.py:823) called from "
+            "training_step (fit.py:12)",
+            id="blocked in a library: innermost frame and innermost user frame",
+        ),
+        pytest.param(
+            [rs(0, th(fr("main", line=5), fr("wait", THREADING, 320)))],
+            "rank 0 in wait (threading.py:320) called from main (train.py:5)",
+            id="stdlib",
+        ),
+        pytest.param(
+            [rs(0, th(fr("main"), fr("read", "/usr/lib/x86_64-linux-gnu/libc.so.6", 0)))],
+            "rank 0 in read (libc.so.6:0) called from main (train.py:1)",
+            id="native",
+        ),
+        pytest.param(
+            [rs(0, th(fr("<module>", "<frozen runpy>", 88)))],
+            "rank 0 in <module> (<frozen runpy>:88)",
+            id="frozen, no user frame",
+        ),
+        pytest.param(
+            [rs(0, th(fr("f", f"{SITE}/a.py", 5), fr("g", TORCH, 9)))],
+            "rank 0 in g (torch/distributed/distributed_c10d.py:9)",
+            id="no user frame: the innermost alone",
+        ),
+        pytest.param(
+            [rs(0, th(*LOAD.frames, fr("spin", "/job/data.py", 44)))],
+            "rank 0 in spin (data.py:44)",
+            id="user code innermost: one frame",
+        ),
+        pytest.param(
+            [rs(0, WARM_STEP), rs(1, STEP)],
+            "ranks 0-1 in all_reduce (torch/distributed/distributed_c10d.py:2500) called from "
+            "step (train.py:88)",
+            id="a warm and a fresh rank at the same place: one group",
+        ),
+        pytest.param(
+            [rs(0, th(*WARM_START))],
+            "rank 0 in <lambda> (agent/warm/script.py:52)",
+            id="stuck in the agent's warm start: named",
+        ),
+        pytest.param(
+            [rs(0, LOAD), bad(1, "py-spy: Permission\n denied  " + "x" * 300)],
+            "rank 0 in load_batch (data.py:40); rank 1: no stack (py-spy: Permission denied "
             + "x" * 74
             + ")",
             id="error, one line, cut",
@@ -241,6 +308,18 @@ def test_render_hostlist(hosts, label):
     header = render(collate(stacks)).splitlines()[0]
     count = f"{len(hosts)} rank{'s' if len(hosts) > 1 else ''}"
     assert header == f"---- ranks {format_ranges(range(len(hosts)))} ({count} on {label}) ----"
+
+
+def test_render_folds_the_agents_warm_start():
+    """`agent stacks` and stacks-a<k>.txt show a warm rank's own frames: the agent's are one line."""
+    assert render(collate([rs(0, WARM_STEP)])) == (
+        "---- rank 0 (1 rank on n1) ----\n"
+        "Thread MainThread (active)\n"
+        "  (7 frames of the agent's warm start folded)\n"
+        "  /job/train.py:100 in <module>\n"
+        "  /job/train.py:88 in step\n"
+        f"  {TORCH}:2500 in all_reduce\n"
+    )
 
 
 def test_render_idle_main_thread_and_colour():

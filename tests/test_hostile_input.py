@@ -21,7 +21,7 @@ from cluster import FIXTURE, base_env
 from agent.errors import AgentError, ExitCode
 from agent.launch.cli import parse
 from agent.plan import config as cfg
-from agent.plan.options import MAX_CONFIG_BYTES, OPTIONS, Options, resolve
+from agent.plan.options import MAX_CONFIG_BYTES, OPTIONS, Options, progress_pattern, resolve
 from agent.plan.rank_set import MAX_RANK_PARTS, RankSet, parse_rank_set
 
 # Seconds: catches a hang or a blow-up only. The refusals take milliseconds (BENCHMARKS.md,
@@ -404,6 +404,31 @@ def test_bad_rank_sets_are_one_line(text, fragments):
     _refused_fast(lambda: resolve({"console_ranks": text}, {}), "--console-ranks", *fragments)
 
 
+BAD_PROGRESS = [
+    (r"(a)\1", ["invalid escape sequence", "backreferences and lookaround are not supported"]),
+    ("(?=x)", ["invalid perl operator: (?="]),
+    ("(?<=x)y", ["invalid perl operator: (?<="]),
+    ("a++", ["bad repetition operator"]),
+    ("(", ["missing )"]),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("text", "fragments"), BAD_PROGRESS, ids=[c[0] for c in BAD_PROGRESS])
+def test_progress_regex_outside_re2_is_one_line(text, fragments):
+    _refused_fast(lambda: progress_pattern(text), "--progress-regex", "RE2", *fragments)
+    _refused_fast(lambda: resolve({"progress_regex": text}, {}), "--progress-regex", *fragments)
+
+
+def test_progress_regex_runs_in_linear_time_line_by_line():
+    """The catastrophic case for a backtracking engine is a miss like any other; `^`/`$` are a
+    line's ends within the chunk a rank wrote."""
+    pattern = progress_pattern("(a+)+$")
+    assert pattern.search(b"a" * 40 + b"b") is None  # 2^40 steps in Python's re
+    assert pattern.search(b"a" * (1 << 20) + b"b\n" * 1000) is None  # a whole 1 MiB read
+    assert pattern.search(b"x\naaa\ny") is not None
+    assert progress_pattern(r"^iter \d+$").search(b"loss 3\niter 12\nloss 2\n") is not None
+
+
 # --- end to end: python -m agent -----------------------------------------------------------------
 
 
@@ -422,6 +447,7 @@ def _cli_cases(tmp_path: Path) -> list[tuple[str, list[str], str]]:
         ("grace nan", ["--grace", "nan"], "--grace nan: expected"),
         ("heartbeat 0", ["--heartbeat-timeout", "0"], "--heartbeat-timeout 0: expected"),
         ("reversed ranks", ["--console-ranks", "5-3"], "range 5-3 is reversed"),
+        ("lookahead", ["--progress-regex", "(?=x)"], "not a regular expression RE2 accepts"),
     ]
 
 

@@ -16,6 +16,7 @@ FAILED = {"exits": [_exit(2, "failed", 3), _exit(3, "terminated", -15)]}
 LOST = {"lost": True, "node": 1, "host": "n1", "exits": []}
 RANK_FAILURE = {"kind": "rank", "rank": 2, "how": "exit code 3", "seq": 1}
 LOST_FAILURE = {"kind": "lost", "node_rank": 1, "how": "node 1 lost", "seq": 2}
+STOP_FAILURE = {"kind": "signal", "how": "agent received SIGINT", "signal": "SIGINT", "seq": 1}
 
 
 @pytest.mark.parametrize(
@@ -28,8 +29,11 @@ LOST_FAILURE = {"kind": "lost", "node_rank": 1, "how": "node 1 lost", "seq": 2}
         ([OK, LOST], [LOST_FAILURE], 0, 0, 3, False),
         ([OK, LOST], [LOST_FAILURE], 0, 5, 3, False),  # the same world cannot run without it
         ([OK, {**FAILED, "refused": "forged abort record"}], [RANK_FAILURE], 0, 3, 4, True),
-        ([OK, {**FAILED, "signal": 2}], [RANK_FAILURE], 0, 3, 1, False),  # an operator stop
-        ([OK, OK], [{"kind": "signal", "how": "agent received SIGTERM", "seq": 1}], 0, 0, 1, False),
+        # An operator's stop (Ctrl-C, scancel): 128 + N as every agent exits, never a restart
+        ([OK, {**FAILED, "signal": 2}], [RANK_FAILURE], 0, 3, 130, False),  # during a teardown
+        ([OK, {**FAILED, "signal": 2}], [STOP_FAILURE], 0, 3, 130, False),
+        ([OK, OK], [{**STOP_FAILURE, "signal": "SIGTERM"}], 0, 0, 143, False),  # on another node
+        ([OK, {**LOST, "signal": 15}], [LOST_FAILURE], 0, 0, 143, False),
     ],
 )
 def test_exit_code_and_restart(results, failures, attempt, max_restarts, code, restart):

@@ -14,13 +14,13 @@ import fcntl
 import logging
 import os
 import queue
-import re
 import selectors
 import threading
 import time
 from typing import BinaryIO
 
 from agent.console.stream import Stream, StreamState
+from agent.plan.options import ProgressPattern
 
 _READ = 1 << 20
 _PIPE_SIZE = 1 << 20  # a chatty rank then blocks and wakes us 16x less often than with 64 KiB
@@ -36,7 +36,7 @@ class LogRouter:
         console_out: BinaryIO,
         console_err: BinaryIO,
         console_depth: int = 2048,
-        progress: re.Pattern[bytes] | None = None,
+        progress: ProgressPattern | None = None,
     ) -> None:
         self._progress = progress
         self._targets = {"out": console_out, "err": console_err}

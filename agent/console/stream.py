@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import collections
 import os
-import re
 import threading
 import time
 from dataclasses import dataclass
+
+from agent.plan.options import ProgressPattern
 
 
 @dataclass(frozen=True)
@@ -20,7 +21,7 @@ class Stream:
 
 
 class StreamState:
-    def __init__(self, stream: Stream, file_fd: int, progress: re.Pattern[bytes] | None) -> None:
+    def __init__(self, stream: Stream, file_fd: int, progress: ProgressPattern | None) -> None:
         self.stream = stream
         self.file_fd = file_fd
         self.partial = b""

@@ -4,6 +4,9 @@ for summary.json (pure).
 Ranks group when their significant threads (active ones, and the main thread always) hold the
 same frames (function, file, line) and were captured the same way; idle threads are folded:
 ignored for grouping, counted when printed. The smallest groups, the odd ones out, come first.
+A warm rank's outermost frames are the agent's own (agent/warm: zygote_main.py ... script.py
+<lambda>, above the user's <module>): folded into one line, and ignored for grouping, so a warm
+and a fresh rank at the same place group together.
 """
 
 from __future__ import annotations
@@ -22,6 +25,10 @@ MAX_RENDER = 200 << 10  # bytes of rendered text
 HEADLINE_GROUPS = 4
 # Not the user's code: the standard library, installed packages, frozen modules, native code.
 _LIBRARY = re.compile(r"/(?:site|dist)-packages/|/lib/python\d[\d.]*t?/|^<frozen |\.so(?:\.\d+)*$")
+# Where a library's path starts to say something: torch/autograd/graph.py, threading.py.
+_LIBRARY_ROOT = re.compile(r"^.*/(?:site|dist)-packages/|^.*/lib/python\d[\d.]*t?/")
+# The agent's frames that start a warm rank's script (the outermost ones of its main thread).
+_WARM_START = re.compile(r"(?:^|/)agent/warm/\w+\.py$")
 _BOLD, _KEY, _RED, _RESET = "\x1b[1m", "\x1b[33m", "\x1b[31m", "\x1b[0m"
 
 
@@ -33,11 +40,28 @@ class Group:
     threads: tuple[ThreadStack, ...]  # the lowest rank's, idle ones included
     method: str
     error: str | None = None  # why these ranks have no stack
+    inner_frame: Frame | None = None  # the innermost frame of that thread, library or not
 
 
 def is_user_frame(frame: Frame) -> bool:
     """A frame of the user's Python code, not of the stdlib, site-packages or a library."""
     return frame.line > 0 and not _LIBRARY.search(frame.file)
+
+
+def warm_start(frames: Sequence[Frame]) -> int:
+    """How many of the outermost frames are the agent starting a warm rank's script."""
+    count = 0
+    for frame in frames:
+        if not _WARM_START.search(frame.file):
+            break
+        count += 1
+    return count
+
+
+def own_frames(frames: Sequence[Frame]) -> Sequence[Frame]:
+    """The frames of the rank's own program: the agent's warm start left out (all of them
+    while the warm start is all there is: a rank stuck before its script)."""
+    return frames[warm_start(frames) :] or frames
 
 
 def significant(threads: Sequence[ThreadStack]) -> list[ThreadStack]:
@@ -74,27 +98,43 @@ def render(groups: Sequence[Group], *, colour: bool = False) -> str:
 
 
 def headline(groups: Sequence[Group]) -> str:
-    """One line: where each group is, smallest groups first, at most HEADLINE_GROUPS of them."""
+    """One line: where each group is, smallest groups first, at most HEADLINE_GROUPS of them;
+    the innermost frame, and when that is a library's, the innermost user frame that called it
+    (`rank 0 in backward (torch/_tensor.py:625) called from step (train.py:88)`)."""
     parts = []
     for group in groups[:HEADLINE_GROUPS]:
         who = _who(group.ranks)
-        frame = group.key_frame
+        frame, inner = group.key_frame, group.inner_frame
         if group.error is not None or frame is None:
             why = " ".join((group.error or "no frames").split())
             parts.append(f"{who}: no stack ({why[:100]})")
+        elif inner is not None and inner != frame:
+            parts.append(f"{who} in {_at(inner)} called from {_at(frame)}")
         else:
-            where = f"{os.path.basename(frame.file) or frame.file}:{frame.line}"
-            parts.append(f"{who} in {frame.function} ({where})")
+            parts.append(f"{who} in {_at(frame)}")
     if len(groups) > HEADLINE_GROUPS:
         parts.append(f"and {len(groups) - HEADLINE_GROUPS} more")
     return "; ".join(parts)
+
+
+def _at(frame: Frame) -> str:
+    """`step (train.py:88)`; a library's frame with its path inside the library."""
+    if is_user_frame(frame):
+        where = os.path.basename(frame.file) or frame.file
+    elif frame.file.startswith("<"):
+        where = frame.file
+    else:
+        where = _LIBRARY_ROOT.sub("", frame.file)
+        where = os.path.basename(where) if where.startswith("/") else where
+    return f"{frame.function} ({where}:{frame.line})"
 
 
 def _key(stack: RankStack) -> tuple:
     if stack.error is not None or not stack.threads:
         return ("none", stack.error or "no threads")
     frames = sorted(
-        tuple((f.function, f.file, f.line) for f in t.frames) for t in significant(stack.threads)
+        tuple((f.function, f.file, f.line) for f in own_frames(t.frames))
+        for t in significant(stack.threads)
     )
     return (stack.method, tuple(frames))
 
@@ -109,13 +149,19 @@ def _group(stacks: list[RankStack]) -> Group:
         threads=first.threads,
         method="none" if failed else first.method,
         error=(first.error or "no threads") if failed else None,
+        inner_frame=None if failed else (list(_key_frames(first.threads)) or [None])[-1],
     )
 
 
-def _key_frame(threads: Sequence[ThreadStack]) -> Frame | None:
+def _key_frames(threads: Sequence[ThreadStack]) -> Sequence[Frame]:
+    """The frames of the thread that names a group: the main one, else the first active one."""
     chosen = significant(threads)
     main = [t for t in chosen if t.name == MAIN_THREAD] or [t for t in chosen if not t.idle]
-    frames = (main or chosen)[0].frames
+    return own_frames((main or chosen)[0].frames)
+
+
+def _key_frame(threads: Sequence[ThreadStack]) -> Frame | None:
+    frames = _key_frames(threads)
     user = [f for f in frames if is_user_frame(f)]
     return (user or list(frames) or [None])[-1]
 
@@ -148,7 +194,11 @@ def _group_lines(group: Group, colour: bool) -> list[str]:
     for thread in shown:
         state = (" (idle)" if thread.idle else " (active)") if states else ""
         lines.append(f"Thread {thread.name}{state}")
-        for frame in thread.frames:
+        folded_start = len(thread.frames) - len(own_frames(thread.frames))
+        if folded_start:
+            plural = "s" if folded_start != 1 else ""
+            lines.append(f"  ({folded_start} frame{plural} of the agent's warm start folded)")
+        for frame in thread.frames[folded_start:]:
             text = f"  {frame.file}:{frame.line} in {frame.function}"
             lines.append(paint(text, _KEY) if frame == group.key_frame else text)
     folded = len(group.threads) - len(shown)

@@ -98,7 +98,8 @@ OPTIONS: tuple[Option, ...] = (
         str,
         None,
         "what counts as progress for --hang-timeout: an output line matching this regular "
-        "expression (default: any output)",
+        "expression, RE2 syntax (linear time; no backreferences or lookaround; default: any "
+        "output)",
     ),
     Option(
         "cold",

@@ -6,7 +6,7 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
-from typing import Any
+from typing import Any, Protocol
 
 from agent.errors import AgentError
 from agent.plan.option_table import (  # noqa: F401  (re-exported: the CLI builds on them)
@@ -164,15 +164,32 @@ def _check(o: Options) -> None:
         raise AgentError("--module and --no-python exclude each other: pick one")
 
 
-def progress_pattern(text: str) -> re.Pattern[bytes]:
-    """--progress-regex, compiled for the raw bytes ranks write (checked once, up front)."""
+class ProgressPattern(Protocol):
+    """A compiled --progress-regex: RE2's Pattern (linear time in the bytes searched)."""
+
+    def search(self, text: bytes) -> object: ...
+
+
+def progress_pattern(text: str) -> ProgressPattern:
+    """--progress-regex, compiled for the raw bytes ranks write (checked once, up front), with
+    RE2: a pattern runs on every chunk a rank writes, in the thread that drains every pipe, so it
+    must take linear time whatever it is (Python's `re` backtracks exponentially on `(a+)+$` and
+    holds the GIL meanwhile: output stops, signals go unanswered). Multi-line: `^` and `$` match
+    at each line's start and end."""
     if len(text) > 1000:
         raise AgentError("--progress-regex: longer than 1000 characters; give a shorter pattern")
+    import re2  # google-re2; not at module import: --help and the clients do not need it
+
+    options = re2.Options()
+    options.log_errors = False  # RE2 would print its own error lines on stderr
     try:
-        return re.compile(text.encode("utf-8", "surrogateescape"))
-    except re.error as exc:
+        return re2.compile(b"(?m)" + text.encode("utf-8", "surrogateescape"), options)
+    except re2.error as exc:
+        why = exc.args[0] if exc.args else exc
+        why = why.decode(errors="replace") if isinstance(why, bytes) else str(why)
         raise AgentError(
-            f"--progress-regex {text[:60]!r}: not a regular expression ({exc})"
+            f"--progress-regex {text[:60]!r}: not a regular expression RE2 accepts ({why}); "
+            "backreferences and lookaround are not supported"
         ) from None
 
 

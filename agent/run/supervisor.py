@@ -130,6 +130,9 @@ class Supervisor:
             record = failure_record(
                 exit, self._stderr_tail(worker), _read_error_file(worker.spec.error_file)
             )
+            lost_with = getattr(worker.proc, "lost_with", None)  # a warm rank's zygote died
+            if lost_with:
+                record["how"] = f"{record['how']} {lost_with}"
             self.outcome.failure = self._report(record) or record
             self._stop(f"rank {exit.rank} {record['how']}")
 

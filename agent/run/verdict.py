@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -59,12 +60,26 @@ def judge(
     return Verdict(int(code), restart, cause, record)
 
 
+def _stop_signal(
+    cause: Mapping[str, Any] | None, results: Sequence[Mapping[str, Any]]
+) -> int | None:
+    """The signal an operator stopped the attempt with (Ctrl-C, scancel): the root cause's when
+    the stop came first, else the one an agent received while its node was already stopping."""
+    name = cause.get("signal") if cause and cause.get("kind") == "signal" else None
+    if isinstance(name, str) and name in signal.Signals.__members__:
+        return int(signal.Signals[name])
+    return next((int(r["signal"]) for r in results if isinstance(r.get("signal"), int)), None)
+
+
 def _code(
     cause: Mapping[str, Any] | None,
     ranks: Sequence[Mapping[str, Any]],
     lost: Sequence[Mapping[str, Any]],
     results: Sequence[Mapping[str, Any]],
-) -> ExitCode:
+) -> int:
+    stop = _stop_signal(cause, results)
+    if stop:  # README's table: 130 after SIGINT, 143 after SIGTERM, whatever the ranks did then
+        return 128 + stop
     if any(r.get("refused") for r in results):
         return ExitCode.REFUSED
     if lost or (cause and cause.get("kind") == "lost"):

@@ -229,14 +229,17 @@ def become_subreaper() -> bool:
 
 def reap_escaped(grace: float, keep: Collection[int] = ()) -> list[int]:
     """After an attempt: every process still descending from the agent escaped its rank
-    (but `keep`: the warm interpreter, idle between runs). SIGTERM, up to `grace` seconds,
-    then SIGKILL; reaped. Returns their pids."""
+    (but `keep`: the warm interpreter, idle between runs). Those that exit by themselves within
+    `grace` seconds are let be (Python's resource_tracker ends when its rank's pipe closes, and
+    ignores SIGTERM); the rest get SIGTERM, up to `grace` seconds, then SIGKILL; all reaped.
+    Returns the pids of those that had to be ended."""
     try:
         left = [p for p in psutil.Process().children(recursive=True) if p.pid not in keep]
     except psutil.Error:
         return []
     if not left:
         return []
+    _, left = psutil.wait_procs(left, timeout=grace)
     for proc in left:
         with contextlib.suppress(psutil.Error):
             proc.terminate()

@@ -71,15 +71,29 @@ def _openblas_threads(env: Mapping[str, str]) -> None:
                 break
 
 
+def _reseed() -> None:
+    """Generators a fresh interpreter seeds from the OS at start, forked with the zygote's state.
+    The random module reseeds itself after a fork (os.register_at_fork)."""
+    random = sys.modules.get("numpy.random")
+    if random is not None:
+        random.seed()  # numpy seeds its global RandomState from the OS at import: every rank anew
+    torch = sys.modules.get("torch")
+    generator = getattr(torch, "default_generator", None)
+    if generator is not None:
+        # torch's CPU default generator takes a non-deterministic seed when torch is imported.
+        # Only the CPU one: CUDA's default generators are created (non-deterministically seeded)
+        # on first use in the rank, as CUDA is never initialised in the zygote; torch.seed()
+        # would give them all the CPU generator's seed, which a fresh interpreter does not.
+        generator.seed()
+
+
 def reapply(env: Mapping[str, str], zygote_env: Mapping[str, str], zygote_cpus: set[int]) -> None:
     """Thread pools, RNG seeds and secrets that a fresh interpreter would have made its own."""
     moved = os.sched_getaffinity(0) != zygote_cpus or "OMP_NUM_THREADS" in zygote_env
     _torch_threads(env, moved)
     if "numpy" in sys.modules:
         _openblas_threads(env)
-    random = sys.modules.get("numpy.random")
-    if random is not None:
-        random.seed()  # numpy seeds its global RandomState from the OS at import: every rank anew
+    _reseed()
     process = sys.modules.get("multiprocessing.process")
     if process is not None:
         # Imported in the zygote, multiprocessing drew one authkey there for every rank; a fresh

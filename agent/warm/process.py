@@ -59,6 +59,7 @@ class WarmProcess:
         self.stdout_fd = stdout_fd
         self.stderr_fd = stderr_fd
         self.returncode: int | None = None
+        self.lost_with: str | None = None  # why it died, when its zygote's death killed it
         self._started = _start_time(pid)
         self._done = threading.Event()
 

@@ -11,6 +11,7 @@ import contextlib
 import itertools
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -246,4 +247,20 @@ class Zygote:
         for waiting in pending:
             waiting.answered.set()
         for proc in ranks:
-            proc.exited(exit_after_zygote(proc))
+            code = exit_after_zygote(proc)
+            if code == -signal.SIGKILL:  # PDEATHSIG: the zygote's death, not the rank's doing
+                proc.lost_with = (
+                    f"with its zygote: the warm interpreter it was forked from (pid {self.pid}) "
+                    f"died first ({_status(status)})"
+                )
+            proc.exited(code)
+
+
+def _status(returncode: int) -> str:
+    """Popen's returncode as words: `killed by SIGKILL`, `exit code 3`."""
+    if returncode < 0:
+        try:
+            return f"killed by {signal.Signals(-returncode).name}"
+        except ValueError:
+            return f"killed by signal {-returncode}"
+    return f"exit code {returncode}"
