@@ -116,9 +116,8 @@ def rank_env(
         "AGENT_ATTEMPT": str(launch.attempt),
         "LAUNCH_AGENT_JOB": f"{launch.job_id or 'local'}.{launch.step_id or '0'}",
     }
-    # PYTHONUNBUFFERED is the user's (torchrun leaves it alone too): unbuffered, print() writes
-    # a line's text and its newline apart, and forked writers' lines mix on the shared pipe.
     defaults = {
+        "PYTHONUNBUFFERED": "1",
         # A lost DNS query must cost 1 s, not 5-10 s, when c10d reverse-resolves the store.
         "RES_OPTIONS": "timeout:1 attempts:1",
         "OMP_NUM_THREADS": str(placement.omp_threads or 1),

@@ -62,16 +62,15 @@ def cases(lines: int, bulk_mib: int) -> list[dict[str, Any]]:
 
 
 def unbuffered_case(lines: int) -> dict[str, Any]:
-    """PYTHONUNBUFFERED=1 exported by the user (the generated sbatch scripts do): one write(2)
-    per print()ed line."""
+    """The agent's default env (PYTHONUNBUFFERED=1 for ranks): one write(2) per line."""
     return {
-        "name": f"{lines // 1000}k lines × 1 rank, unbuffered (PYTHONUNBUFFERED=1)",
+        "name": f"{lines // 1000}k lines × 1 rank, unbuffered (agent default env)",
         "key": "lines-1-unbuf",
         "mode": "lines",
         "count": lines,
         "size": LINE_BYTES,
         "nproc": 1,
-        "env": {"PYTHONUNBUFFERED": "1"},
+        "env": {},
         "rounds": 2,
         "direct_env": {"PYTHONUNBUFFERED": "1"},
         "modes": ("direct", "ours"),
@@ -281,9 +280,9 @@ def summarize(data: dict[str, Any]) -> tuple[Table, list[Target], dict[str, Any]
         "lost, added or reordered. torchrun's ranks write their files themselves (--log-dir redirect); its tee "
         "re-reads the files for the console.",
         "Rows except the 'unbuffered' one run with the program's default block-buffered stdout in every mode "
-        "(PYTHONUNBUFFERED passed empty; the agent does not set it). With PYTHONUNBUFFERED=1 exported (the "
-        "generated sbatch scripts do) a print()-heavy rank makes one write(2) per line; the 'unbuffered' row "
-        "compares that with direct PYTHONUNBUFFERED=1.",
+        "(PYTHONUNBUFFERED passed empty). The agent's default env sets PYTHONUNBUFFERED=1 for ranks, so a "
+        "print()-heavy rank makes one write(2) per line; the 'unbuffered' row compares that with direct "
+        "PYTHONUNBUFFERED=1.",
         "'through a pipe to cat': what any launcher that reads the ranks' pipes can reach at best on this "
         "machine (one pipe copy, a C reader, no console); the targets are measured against 'direct', which no "
         "pipe-based tee can match for large writes.",
