@@ -109,6 +109,44 @@ def test_rank_files_hold_exact_bytes_and_console_is_prefixed(cluster_factory, tm
         assert f"{host}:{agent.node * 2 + 1}: err {agent.node * 2 + 1}" in agent.stderr()
 
 
+FORKED_WRITERS = """
+import os, sys
+start_r, start_w = os.pipe()  # closing the write end starts both writers at once
+children = []
+for writer in range(4):
+    pid = os.fork()
+    if pid == 0:
+        os.close(start_w)
+        os.read(start_r, 1)
+        for i in range(150):  # 3,000 bytes: one write(2) at exit, below PIPE_BUF
+            print(f"writer {writer} line {i:03d}")
+        sys.stdout.flush()
+        os._exit(0)
+    children.append(pid)
+os.close(start_w)
+for pid in children:
+    os.waitpid(pid, 0)
+"""
+
+
+def test_forked_writers_keep_their_lines_whole(cluster_factory, tmp_path, monkeypatch):
+    """A rank's forked children (DataLoader workers) print into the rank's pipe together. With
+    PYTHONUNBUFFERED exported empty (the documented opt-out of the agent's default `1`) the agent
+    leaves Python's buffering alone, so each flush is whole lines, in the file and on the
+    console."""
+    monkeypatch.setenv("PYTHONUNBUFFERED", "")
+    script = tmp_path / "forked_writers.py"
+    script.write_text(FORKED_WRITERS)
+    cluster = cluster_factory(1).start(["--nproc-per-node", "1", str(script)])
+    assert cluster.wait(60) == [0], cluster.dump()
+    whole = re.compile(r"writer [0-3] line \d{3}")
+    lines = cluster.rank_file(0).read_text().splitlines()
+    assert sorted(lines) == sorted(f"writer {w} line {i:03d}" for w in range(4) for i in range(150))
+    shown = [line for line in cluster.agents[0].stdout().splitlines() if "writer" in line]
+    assert len(shown) == 600, shown[:5]
+    assert all(whole.fullmatch(line.split(": ", 1)[1]) for line in shown), shown[:5]
+
+
 def test_console_rank_filter_keeps_files_complete(cluster_factory):
     cluster = cluster_factory(1).start(
         ["--nproc-per-node", "2", "--console-ranks", "1", FIXTURE, "--stdout", "hi"]
