@@ -15,6 +15,7 @@ from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 from agent.errors import AgentError, ExitCode, PeerFailed
+from agent.node.sealed import read_sealed, tell_refused
 from agent.node.store import Store
 from agent.node.trust import JobKeys, Refused
 
@@ -58,21 +59,43 @@ class Scope:
             raise TooLarge(name, len(sealed))
         self.store.set_bytes(key, sealed)
 
-    def get(self, name: str, what: str, present: bool = False) -> dict[str, Any]:
-        """The record, waiting for it (`present`: known to exist, one round trip less)."""
+    def get(
+        self,
+        name: str,
+        what: str,
+        present: bool = False,
+        timeout: float | None = None,
+        woken: Callable[[], None] | None = None,
+    ) -> dict[str, Any]:
+        """The sealed record, waiting for it (`present`: known to exist, one round trip less);
+        a value that does not open is waited past (`read_sealed`)."""
         key = self.key(name)
-        return self.keys.unseal(self.store.get_bytes(key, present), key, what)
+        data = self.store.get_bytes(key, present)
+        record = read_sealed(self.store, self.keys, key, what, data, timeout, woken=woken)
+        assert record is not None  # no stop event: only a record or an exception ends it
+        return record
 
     def get_if(self, name: str, what: str) -> dict[str, Any] | None:
-        return self.get(name, what, present=True) if self.store.exists(self.key(name)) else None
+        """The record if a sealed one is there now; None if absent or not ours (logged once)."""
+        key = self.key(name)
+        if not self.store.exists(key):
+            return None
+        try:
+            return self.keys.unseal(self.store.get_bytes(key, present=True), key, what)
+        except Refused as exc:
+            tell_refused(key, exc)
+            return None
 
     def get_all(self, names: Sequence[str], what: str) -> list[dict[str, Any]]:
-        """Several records in one round trip (waits until every one exists)."""
+        """Several records in one round trip (waits until every one exists; one that does not
+        open is waited past, alone)."""
         keys = [self.key(name) for name in names]
-        return [
-            self.keys.unseal(data, key, what)
-            for key, data in zip(keys, self.store.multi_get(keys), strict=True)
-        ]
+        found = []
+        for key, data in zip(keys, self.store.multi_get(keys), strict=True):
+            record = read_sealed(self.store, self.keys, key, what, data)
+            assert record is not None
+            found.append(record)
+        return found
 
     # -- failures -------------------------------------------------------------------------
     def report(self, record: dict[str, Any], slot: object = None) -> dict[str, Any]:
@@ -92,12 +115,8 @@ class Scope:
 
     def failure(self) -> dict[str, Any] | None:
         """The phase's latest failure (the abort key), None if there is none (or if what is
-        there does not open with the job's key: logged, and ignored)."""
-        try:
-            record = self.get_if("abort", "abort record")
-        except Refused as exc:
-            log.error("%s", exc.message)
-            return None
+        there does not open with the job's key: logged once, and ignored)."""
+        record = self.get_if("abort", "abort record")
         return None if record is None or record.get("kind") == "closed" else record
 
     def failure_of(self, slot: object) -> dict[str, Any] | None:
@@ -113,19 +132,22 @@ class Scope:
         on_abort: Callable[[dict[str, Any]], None],
         on_lost: Callable[[str], None],
     ) -> threading.Thread:
-        """A thread blocked on the abort key over its own connection."""
+        """A thread blocked on the abort key over its own connection. A value there that does
+        not open (an outsider's) is waited past: only a sealed record ends the watch."""
         watcher = self.on(self.store.another_client())
+        key = watcher.key("abort")
 
         def run() -> None:
             try:
                 while not stop.is_set():
-                    if watcher.store.wait([watcher.key("abort")], 3600.0):
-                        record = watcher.get("abort", "abort record", present=True)
-                        if record.get("kind") != "closed":
+                    if watcher.store.wait([key], 3600.0):
+                        data = watcher.store.get_bytes(key, present=True)
+                        record = read_sealed(
+                            watcher.store, self.keys, key, "abort record", data, stop=stop
+                        )
+                        if record is not None and record.get("kind") != "closed":
                             on_abort(record)
                         return
-            except Refused as exc:  # not ours: logged and ignored, never a reason to stop
-                log.error("%s; no longer watching %s", exc.message, watcher.key("abort"))
             except Exception as exc:  # the store went away: node 0 is gone
                 if not stop.is_set():
                     end = watcher.store.endpoint

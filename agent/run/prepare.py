@@ -103,10 +103,14 @@ def _receive(scope: Scope, timeout: float, names: list[str]) -> dict[str, Any]:
             f"rendezvous timed out after {timeout:g}s: node 0 never published the run's plan",
             ExitCode.RENDEZVOUS,
         )
-    failure = scope.failure()
-    if failure is not None:
-        raise PeerFailed(could_not(failure, names), refused=failure.get("kind") == "secret")
-    return scope.get("plan", "config payload")
+
+    def woken() -> None:  # a failure anywhere sets the plan key too, to wake us
+        failure = scope.failure()
+        if failure is not None:
+            raise PeerFailed(could_not(failure, names), refused=failure.get("kind") == "secret")
+
+    woken()
+    return scope.get("plan", "config payload", present=True, timeout=timeout, woken=woken)
 
 
 LOW_SPACE = 100 << 20
