@@ -3,7 +3,9 @@ any) changes no outcome: a value that does not open never decides and never ends
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 import time
 from datetime import timedelta
 
@@ -110,3 +112,32 @@ def test_a_forged_verdict_leaves_a_restartable_job_restarting(cluster_factory, t
     summary = cluster.summary()
     assert summary["status"] == "succeeded" and len(summary["attempts"]) == 2, summary
     assert "refusing verdict" in cluster.agents[1].stderr(), cluster.dump()
+
+
+def test_a_killed_node_is_lost_in_time_while_an_outsider_keeps_its_beat_moving(
+    cluster_factory, tmp_path
+):
+    timeout = 3.0
+    args = ["--nproc-per-node", "1", "--heartbeat-timeout", str(timeout)]
+    cluster = cluster_factory(2).start(
+        [*args, FIXTURE, "--others-wait", "--ready-to", str(tmp_path)]
+    )
+    wait_for(lambda: len(list(tmp_path.glob("ready-*"))) == 2, 60, "both ranks to start")
+    store = outsider(cluster)
+    key = job_namespace(store) + "hb/1"
+    recorded = bytes(store.get(key))  # a genuine beat of node 1, for replay
+    os.kill(cluster.agents[1].proc.pid, signal.SIGKILL)
+    killed = time.monotonic()
+    rounds = 0
+    while "node 1 (127.0.0.2) lost" not in cluster.agents[0].stderr():
+        store.set(key, b"7")  # a counter, bumped
+        store.add(key, 1)
+        store.set(key, b"garbage")
+        store.set(key, recorded)  # an old genuine beat, written back
+        rounds += 1
+        assert time.monotonic() - killed < 30, cluster.dump()
+    took = time.monotonic() - killed
+    assert took <= timeout + 2, f"lost after {took:.1f}s\n{cluster.dump()}"
+    assert rounds > 1
+    assert cluster.wait(60)[0] != 0
+    assert "lost" in cluster.summary()["root_cause"]["how"]

@@ -206,9 +206,6 @@ class Store:
             return self._client.multi_get(keys, wait=not present)
         return [bytes(v) for v in self._client.multi_get(list(keys))]
 
-    def multi_get_ints(self, keys: Sequence[str], present: bool = False) -> list[int]:
-        return [int(v or b"0") for v in self.multi_get(keys, present)]
-
 
 def _listener(endpoint: Endpoint) -> socket.socket | None:
     """A socket bound to node 0's own address only, when MASTER_ADDR is one of this host's
