@@ -3,14 +3,17 @@ any) changes no outcome: a value that does not open never decides and never ends
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
+import socket
 import time
 from datetime import timedelta
 
 import pytest
 from cluster import FIXTURE, wait_for
+from serving import Serving
 
 from agent.world import derive_port
 
@@ -141,3 +144,24 @@ def test_a_killed_node_is_lost_in_time_while_an_outsider_keeps_its_beat_moving(
     assert rounds > 1
     assert cluster.wait(60)[0] != 0
     assert "lost" in cluster.summary()["root_cause"]["how"]
+
+
+def test_300_idle_connections_leave_agent_status_answering(tmp_path):
+    serving = Serving(tmp_path, 2, ("--preload", "none")).start()
+    try:
+        serving.ready()
+        record = json.loads(serving.connection_file.read_text())
+        flood = [
+            socket.create_connection((record["host"], record["port"]), timeout=10)
+            for _ in range(300)
+        ]
+        start = time.monotonic()
+        status = serving.status()
+        took = time.monotonic() - start
+        for sock in flood:
+            sock.close()
+        assert status.returncode == 0, status.stderr
+        assert took <= 5, f"{took:.1f}s: {status.stderr}"
+        assert serving.call("down", timeout=60).returncode == 0
+    finally:
+        serving.kill()

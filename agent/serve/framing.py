@@ -28,8 +28,9 @@ class WireError(AgentError):
     """The channel failed: REFUSED (4) for authentication failures and forged frames,
     RENDEZVOUS (3) for a dead peer, a timeout in the handshake, or a closed connection."""
 
-    def __init__(self, message: str, code: ExitCode = ExitCode.RENDEZVOUS) -> None:
+    def __init__(self, message: str, code: ExitCode = ExitCode.RENDEZVOUS, seen: str = "") -> None:
         super().__init__(message, code)
+        self.seen = seen  # what a client saw: "refused", "timed out", "crowded" (or "")
 
 
 class FrameReader:
