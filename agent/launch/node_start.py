@@ -15,6 +15,7 @@ from agent.node.signing import SECRET_ENV, load_secret
 from agent.plan.options import Options, resolve
 from agent.plan.topology import Topology, read_topology
 from agent.run.workers import become_subreaper
+from agent.text import PrintableFormatter
 from agent.world import World, WorldFlags, world_from_env
 
 
@@ -26,7 +27,7 @@ def node_world(
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # the agent's own c10d chatter only
     world = world_from_env(environ, world_flags(given), hostname=socket.gethostname())
     for handler in logging.getLogger().handlers:  # name the node, not the pid, in every message
-        handler.setFormatter(logging.Formatter(f"[agent {world.host}] %(message)s"))
+        handler.setFormatter(PrintableFormatter(f"[agent {world.host}] %(message)s"))
     return world, resolve(given, {}, "the command line"), environ
 
 

@@ -22,6 +22,7 @@ from agent.serve import connection
 from agent.serve.forward import GaveUp, StopSignals
 from agent.serve.status_view import render_status
 from agent.serve.wire import Channel, WireError, connect_retrying, unpack_bytes
+from agent.text import printable
 
 _SLICE = 0.25  # the longest a forwarded Ctrl-C waits before it is sent to node 0
 _STOPPING = "[agent] stopping the run on every node (Ctrl-C again to stop waiting)\n"
@@ -122,7 +123,7 @@ def status(
     channel.send({"op": "status"})
     reply = answer(channel, "status", timeout, out)
     for line in render_status(reply if isinstance(reply, Mapping) else {}, now()):
-        print(line, file=out)
+        print(printable(line), file=out)
     return 0
 
 
@@ -154,7 +155,7 @@ class _RunView:
             if "out" in msg:
                 self._write(2 if msg.get("fd") == 2 else 1, unpack_bytes(msg["out"]))
             elif "log" in msg:
-                self.line(f"{msg['log']}\n")
+                self.line(f"{printable(msg['log'])}\n")
             elif "accepted" in msg:
                 self._run = int(msg["accepted"]["run"])
                 self._log_dir = str(msg["accepted"].get("log_dir", ""))
@@ -164,7 +165,7 @@ class _RunView:
                     self.line(f"summary: {msg['summary']}\n")
                 return _exit_code(msg["end"])
             elif "error" in msg:
-                self.line(f"agent: error: {msg['error']}\n")
+                self.line(f"agent: error: {printable(msg['error'])}\n")
                 return _exit_code(msg.get("code"))
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise _garbled(self._channel, exc) from None
@@ -223,7 +224,7 @@ def answer(channel: Channel, key: str, timeout: float, out: TextIO) -> Any:
         if key in msg:
             return msg[key]
         if "log" in msg:
-            print(f"[agent] {msg['log']}", file=out)
+            print(f"[agent] {printable(msg['log'])}", file=out)
 
 
 def _exit_code(value: object) -> int:

@@ -9,6 +9,7 @@ a partly read frame across a timeout: the next read goes on where the last one s
 
 from __future__ import annotations
 
+import base64
 import errno
 import json
 import math
@@ -149,3 +150,14 @@ def _reason(exc: OSError) -> str:
     if exc.errno is not None and exc.errno in errno.errorcode:
         return exc.strerror or errno.errorcode[exc.errno]
     return str(exc) or type(exc).__name__
+
+
+def pack_bytes(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def unpack_bytes(text: str) -> bytes:
+    """ValueError for anything but a base64 string."""
+    if not isinstance(text, str):
+        raise ValueError(f"expected base64 text, got {type(text).__name__}")
+    return base64.b64decode(text, validate=True)

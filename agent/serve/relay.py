@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from agent.serve import wire
+from agent.text import PrintableFormatter
 
 log = logging.getLogger("agent")
 
@@ -46,7 +47,7 @@ class _ToClient(logging.Handler):
     def __init__(self, channel: wire.Channel, host: str) -> None:
         super().__init__(logging.INFO)
         self.channel = channel
-        self.setFormatter(logging.Formatter(f"[agent {host}] %(message)s"))
+        self.setFormatter(PrintableFormatter(f"[agent {host}] %(message)s"))
 
     def emit(self, record: logging.LogRecord) -> None:
         try:

@@ -17,7 +17,6 @@ Binary data travels in the JSON as base64 (`pack_bytes`, `unpack_bytes`).
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import errno
 import hashlib
@@ -35,8 +34,10 @@ from agent.serve.framing import (
     WireError,
     decode_json,
     encode_json,
+    pack_bytes,
     recv_plain,
     send_plain,
+    unpack_bytes,
 )
 
 __all__ = [
@@ -111,6 +112,8 @@ def connect(
     deadline = time.monotonic() + timeout
     try:
         sock = socket.create_connection((host, port), timeout=timeout)
+    except socket.gaierror as exc:  # a name that does not resolve: trying again will not help
+        raise WireError(f"cannot connect to {peer}: {exc.strerror}", seen="unknown host") from None
     except OSError as exc:
         timed_out = isinstance(exc, TimeoutError)
         why = "timed out" if timed_out else (exc.strerror or str(exc))
@@ -160,7 +163,8 @@ def connect_retrying(
         try:
             return connect(host, port, auth_key, timeout)
         except WireError as exc:
-            if exc.code == ExitCode.REFUSED or time.monotonic() + pause > deadline:
+            final = exc.code == ExitCode.REFUSED or exc.seen == "unknown host"
+            if final or time.monotonic() + pause > deadline:
                 if tries > 1:
                     exc.message = f"{exc.message} ({tries} tries over {retry_for:g}s)"
                 raise
@@ -194,17 +198,6 @@ def _greeting(reader: FrameReader, peer: str, deadline: float, timeout: float) -
 
 def _refused(exc: OSError) -> bool:
     return isinstance(exc, ConnectionRefusedError) or exc.errno == errno.ECONNREFUSED
-
-
-def pack_bytes(data: bytes) -> str:
-    return base64.b64encode(data).decode("ascii")
-
-
-def unpack_bytes(text: str) -> bytes:
-    """ValueError for anything but a base64 string."""
-    if not isinstance(text, str):
-        raise ValueError(f"expected base64 text, got {type(text).__name__}")
-    return base64.b64decode(text, validate=True)
 
 
 def _not_ours(peer: str, greeting: object) -> str:
