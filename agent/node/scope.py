@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 from agent.errors import AgentError, ExitCode, PeerFailed
-from agent.node.sealed import read_sealed, tell_refused
+from agent.node.sealed import Tampered, read_sealed, tell_refused
 from agent.node.store import Store
 from agent.node.trust import JobKeys, Refused
 
@@ -174,29 +175,55 @@ class Scope:
         self.put(f"in/{self.index}", note or {})
         count = s.add(self.key("arrived"))
         expected = agents - len(absent)
-        if count == expected:
-            s.set_bytes(self.key("done"), b"")
+        waited = [i for i in range(agents) if i not in absent]
+        # The counter only wakes: the barrier ends on a sealed record, written once every
+        # sealed note is in (an outsider's bump of the count ends nothing early).
+        if count >= expected and self._all_in(waited):
+            self.put("done", {})
         else:
             log.info("waiting for %d more agent(s) to join (%s)", expected - count, self.prefix)
-        arrived = s.wait([self.key("done")], timeout)
-        failure = self.failure()
-        if failure is not None:
-            raise PeerFailed(could_not(failure, names), refused=failure.get("kind") == "secret")
-        if not arrived:
-            missing = [
-                names[i]
-                for i in range(agents)
-                if i not in absent and not s.exists(self.key("in", i))
-            ]
-            shown = ", ".join(missing[:8]) + (
-                f" and {len(missing) - 8} more" if len(missing) > 8 else ""
-            )
-            raise AgentError(
-                f"rendezvous timed out after {timeout:g}s: {shown} never arrived "
-                f"({expected - len(missing)}/{expected} agents joined); check that srun "
-                "started an agent on every node, or raise --rdzv-timeout",
-                ExitCode.RENDEZVOUS,
-            )
+        deadline = time.monotonic() + timeout
+        done = self.key("done")
+
+        def woken() -> None:  # a failure anywhere sets the done key too, to wake us
+            failure = self.failure()
+            if failure is not None:
+                raise PeerFailed(could_not(failure, names), refused=failure.get("kind") == "secret")
+
+        arrived = s.wait([done], timeout)
+        woken()
+        if arrived:
+            left = max(deadline - time.monotonic(), 0.001)
+            try:
+                data = s.get_bytes(done, present=True)
+                read_sealed(s, self.keys, done, "barrier record", data, left, woken=woken)
+                return
+            except Tampered as exc:
+                tampered: Tampered | None = exc
+        else:
+            tampered = None
+        missing = [names[i] for i in waited if not s.exists(self.key("in", i))]
+        if not missing:  # everyone's note is in, yet no sealed record ended the barrier
+            raise tampered or Tampered(done, f"no sealed barrier record came in {timeout:g}s")
+        shown = ", ".join(missing[:8]) + (
+            f" and {len(missing) - 8} more" if len(missing) > 8 else ""
+        )
+        raise AgentError(
+            f"rendezvous timed out after {timeout:g}s: {shown} never arrived "
+            f"({expected - len(missing)}/{expected} agents joined); check that srun "
+            "started an agent on every node, or raise --rdzv-timeout",
+            ExitCode.RENDEZVOUS,
+        )
+
+    def _all_in(self, waited: Sequence[int]) -> bool:
+        """Whether every awaited agent's sealed note is there (one query)."""
+        keys = [self.key("in", i) for i in waited]
+        for key, data in zip(keys, self.store.multi_get(keys, present=True), strict=True):
+            try:
+                self.keys.unseal(data, key, "host announcement")
+            except Refused:
+                return False
+        return True
 
 
 def could_not(failure: dict[str, Any], names: Sequence[str]) -> str:
