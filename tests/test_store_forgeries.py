@@ -4,6 +4,7 @@ only, and a wait that never gets one ends as suspected tampering."""
 
 from __future__ import annotations
 
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from datetime import timedelta
@@ -90,3 +91,21 @@ def test_a_barrier_whose_counter_was_reset_ends_as_suspected_tampering(server) -
         with pytest.raises(AgentError):
             waiting.result(timeout=30)
     assert "store tampering suspected at" in excinfo.value.message
+
+
+def test_a_forged_round_end_leaves_node_0_waiting_only_until_the_rounds_deadline(server) -> None:
+    from agent.run.health import Health
+    from agent.run.lineup import REPORT_SLACK, gather, post_health
+
+    leader, evil = scope(server, 0, "r0/l0", ("health-done",)), outsider(server)
+    evil.add(leader.key("reported"), 1)  # as if member 1 had reported
+    evil.set(leader.key("health-done"), b"")
+    evil.set(leader.key("health", 1), b"garbage")  # and its report, forged
+    post_health(leader, Health(), 2)
+    found: list = []
+    thread = threading.Thread(target=lambda: found.append(gather(leader, [0, 1], set, 0.5)))
+    thread.daemon = True  # a regression hangs here: the test fails instead of the suite
+    thread.start()
+    thread.join(REPORT_SLACK + 30)
+    assert found, "node 0 still waits for a report that will never come sealed"
+    assert found[0][0] == Health() and found[0][1] is None  # member 1 sent no sealed report

@@ -87,13 +87,15 @@ class Scope:
             tell_refused(key, exc)
             return None
 
-    def get_all(self, names: Sequence[str], what: str) -> list[dict[str, Any]]:
+    def get_all(
+        self, names: Sequence[str], what: str, timeout: float | None = None
+    ) -> list[dict[str, Any]]:
         """Several records in one round trip (waits until every one exists; one that does not
-        open is waited past, alone)."""
+        open is waited past, alone, for `timeout` seconds at most: then Tampered)."""
         keys = [self.key(name) for name in names]
         found = []
         for key, data in zip(keys, self.store.multi_get(keys), strict=True):
-            record = read_sealed(self.store, self.keys, key, what, data)
+            record = read_sealed(self.store, self.keys, key, what, data, timeout)
             assert record is not None
             found.append(record)
         return found

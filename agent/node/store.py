@@ -187,6 +187,10 @@ class Store:
     def exists(self, key: str) -> bool:
         return bool(self._client.check([key]))
 
+    def exists_all(self, keys: Sequence[str]) -> bool:
+        """Whether every key exists (one query)."""
+        return bool(self._client.check(list(keys)))
+
     def wait(self, keys: Iterable[str], timeout: float | None) -> bool:
         """Block until every key exists; False on timeout (other errors propagate)."""
         span: Any = timeout
