@@ -109,3 +109,24 @@ def test_a_forged_round_end_leaves_node_0_waiting_only_until_the_rounds_deadline
     thread.join(REPORT_SLACK + 30)
     assert found, "node 0 still waits for a report that will never come sealed"
     assert found[0][0] == Health() and found[0][1] is None  # member 1 sent no sealed report
+
+
+def test_node_0_whose_plan_was_deleted_ends_its_barrier_as_suspected_tampering(server) -> None:
+    from agent.errors import PeerFailed
+    from agent.run.prepare import prepare
+
+    leader, follower, evil = (
+        scope(server, 0, wakes=("plan", "done")),
+        scope(server, 1),
+        outsider(server),
+    )
+    leader.put("plan", {"plan": {}})
+    evil.delete_key(leader.key("plan"))  # before node 1 read it: node 1 never arrives
+    with pytest.raises(Tampered) as excinfo:
+        leader.barrier(2, 1.0, NAMES, kept=("plan",))
+    assert excinfo.value.message.startswith(f"store tampering suspected at {leader.key('plan')}")
+    leader.report({"kind": "setup", "how": excinfo.value.message})  # as node 0's agent does
+    with pytest.raises(PeerFailed) as told:  # node 1, waiting for the plan, hears of it: exit 4
+        prepare(follower, world=None, plan=None, environ={}, read_topology=None, timeout=30,
+                names=NAMES)  # fmt: skip
+    assert told.value.code == ExitCode.REFUSED and "store tampering suspected" in told.value.message

@@ -16,7 +16,7 @@ from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 from agent.errors import AgentError, ExitCode, PeerFailed
-from agent.node.sealed import Tampered, read_sealed, tell_refused
+from agent.node.sealed import TAMPERING, Tampered, read_sealed, tell_refused
 from agent.node.store import Store
 from agent.node.trust import JobKeys, Refused
 
@@ -168,6 +168,7 @@ class Scope:
         names: Sequence[str],
         note: dict[str, Any] | None = None,
         absent: Collection[int] = (),
+        kept: Sequence[str] = (),
     ) -> None:
         """Every agent arrives once (indexes are claimed, so the count is of distinct agents),
         leaving a sealed `note` under `in/<index>`; `absent` agents (lost before this phase) are
@@ -190,7 +191,7 @@ class Scope:
         def woken() -> None:  # a failure anywhere sets the done key too, to wake us
             failure = self.failure()
             if failure is not None:
-                raise PeerFailed(could_not(failure, names), refused=failure.get("kind") == "secret")
+                raise PeerFailed(could_not(failure, names), refused=refused(failure))
 
         arrived = s.wait([done], timeout)
         woken()
@@ -205,6 +206,11 @@ class Scope:
         else:
             tampered = None
         missing = [names[i] for i in waited if not s.exists(self.key("in", i))]
+        gone = [name for name in kept if self.get_if(name, name) is None]
+        if gone:  # what we wrote for the others (the plan) is no longer there: not a slow node
+            raise Tampered(
+                self.key(gone[0]), f"the {gone[0]} record written here is gone or altered"
+            )
         if not missing:  # everyone's note is in, yet no sealed record ended the barrier
             raise tampered or Tampered(done, f"no sealed barrier record came in {timeout:g}s")
         shown = ", ".join(missing[:8]) + (
@@ -226,6 +232,11 @@ class Scope:
             except Refused:
                 return False
         return True
+
+
+def refused(failure: dict[str, Any]) -> bool:
+    """Whether a peer's failure ends this agent with exit 4 (a secret or tampering matter)."""
+    return failure.get("kind") == "secret" or str(failure.get("how")).startswith(TAMPERING)
 
 
 def could_not(failure: dict[str, Any], names: Sequence[str]) -> str:

@@ -19,6 +19,7 @@ from agent.node.store import Store
 from agent.node.trust import JobKeys, Refused
 
 log = logging.getLogger("agent")
+TAMPERING = "store tampering suspected"
 
 POLL_FIRST, POLL_MAX = 0.05, 1.0  # re-reading a key that holds a forgery (an outsider's write)
 _told: set[str] = set()  # keys whose forgery was logged already (once each)
@@ -37,7 +38,7 @@ class Tampered(AgentError):
     """A sealed record never replaced the value that did not open there, within the timeout."""
 
     def __init__(self, key: str, why: str) -> None:
-        super().__init__(f"store tampering suspected at {key}: {why}", ExitCode.REFUSED)
+        super().__init__(f"{TAMPERING} at {key}: {why}", ExitCode.REFUSED)
 
 
 def read_sealed(
