@@ -12,9 +12,11 @@ from agent.errors import AgentError, ExitCode
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     logging.raiseExceptions = False  # a full log disk must not print tracebacks from logging
-    logging.basicConfig(
-        level=logging.INFO, format="[agent %(process)d] %(message)s", stream=sys.stderr
-    )
+    from agent.text import PrintableFormatter, printable
+
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(PrintableFormatter("[agent %(process)d] %(message)s"))
+    logging.basicConfig(level=logging.INFO, handlers=[handler])
     try:
         if argv and argv[0] in (
             "logs",
@@ -37,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return launch(command, os.environ)
     except AgentError as exc:
-        print(f"agent: error: {exc.message}", file=sys.stderr)
+        print(f"agent: error: {printable(exc.message)}", file=sys.stderr)
         return int(exc.code)
     except KeyboardInterrupt:
         return 128 + 2

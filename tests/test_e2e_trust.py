@@ -95,11 +95,13 @@ def test_an_outsider_cannot_read_or_steer_a_running_job(cluster_factory, tmp_pat
 
 @pytest.mark.parametrize("forgery", ["unsealed", "another secret", "one byte changed", "moved"])
 def test_a_forged_plan_is_refused_and_no_rank_starts(cluster_factory, tmp_path, forgery):
-    """Even written where the plan lives (which takes the secret to find), a forgery is refused."""
+    """Even written where the plan lives, a forgery is refused: the wait for a sealed plan goes on
+    until the rendezvous timeout, then ends as suspected tampering (exit 4)."""
     ready = tmp_path / "ready"
     ready.mkdir()
-    args = ["--nproc-per-node", "1", FIXTURE, "--ready-to", str(ready)]
-    cluster = cluster_factory(2).start(args, nodes=[0])
+    args = [FIXTURE, "--ready-to", str(ready)]
+    # Node 1 gives up first (node 0 started earlier and waits longer for it)
+    cluster = cluster_factory(2).start(["--nproc-per-node", "1", *args], nodes=[0])
     store, keys = _client(cluster), _insider_keys(cluster)
     key = keys.namespace + "r0/plan"
     wait_for(lambda: store.check([key]), 60, "node 0 to publish the plan")
@@ -113,11 +115,13 @@ def test_a_forged_plan_is_refused_and_no_rank_starts(cluster_factory, tmp_path, 
     else:
         forged = keys.seal({"plan": {}}, keys.namespace + "r1/plan")  # genuine, but for run 1
     store.set(key, forged)
-    cluster.start(args, nodes=[1])
+    cluster.start(["--nproc-per-node", "1", "--rdzv-timeout", "5", *args], nodes=[1])
     codes = cluster.wait(60)
     assert codes[1] == 4, cluster.dump()
     assert codes[0] != 0
+    # Waited past as absent (a sealed plan may still replace it), then named as tampering
     assert "refusing config payload" in cluster.agents[1].stderr()
+    assert "store tampering suspected at " + key in cluster.agents[1].stderr()
     assert "could not join" in cluster.agents[0].stderr()
     assert not list(ready.iterdir())
 

@@ -42,7 +42,7 @@ def test_silence_names_each_peer_once_after_lost_after(ticks, silent) -> None:
 class FakeStore:
     """The Store calls heartbeats make, in memory, each query counted (`ops`: name, keys)."""
 
-    def __init__(self, shared: dict[str, int] | None = None, answers_wait: bool = True) -> None:
+    def __init__(self, shared: dict[str, bytes] | None = None, answers_wait: bool = True) -> None:
         self.values = {} if shared is None else shared
         self.ops: list[tuple[str, int]] = []
         self.lock = threading.Lock()
@@ -69,30 +69,28 @@ class FakeStore:
         with self.lock:
             self.ops.append((name, keys))
 
-    def add(self, key: str, amount: int = 1) -> int:
-        self._op("add", 1)
-        self.values[key] = self.values.get(key, 0) + amount
-        self.writes.release()
-        return self.values[key]
-
     def set_bytes(self, key: str, value: bytes) -> None:
         self._op("set", 1)
-        self.values[key] = int(value)
+        self.values[key] = value
         self.writes.release()
+
+    def exists(self, key: str) -> bool:
+        self._op("check", 1)
+        return key in self.values
 
     def wait(self, keys, timeout) -> bool:
         self._op("wait", len(keys))
         return self.answers_wait and all(k in self.values for k in keys)
 
-    def add_all(self, keys, amount: int = 1) -> list[int]:
-        self._op("add_all", len(keys))
-        return [self.add(k, amount) for k in keys]
-
-    def multi_get_ints(self, keys, present: bool = False) -> list[int]:
+    def multi_get(self, keys, present: bool = False) -> list[bytes]:
         self._op("multi_get" if present else "multi_get+wait", len(keys))
-        found = [self.values.get(k, 0) for k in keys]
+        found = [self.values.get(k, b"") for k in keys]  # torch's server: b"" for a missing key
         self.reads.release()
         return found
+
+
+def sealed_beat(store: FakeStore, index: int, seq: int) -> bytes:
+    return KEYS.seal({"i": index, "seq": seq}, store.key("hb", index))
 
 
 def _beat(
@@ -102,11 +100,12 @@ def _beat(
     stop = threading.Event()
     member = Membership(store, agents, index, [f"n{i}" for i in range(agents)], KEYS)
     lost: list[str] = []
-    member.heartbeat(stop, 0.001, lost_after, lost.append, on_silent)
+    thread = member.heartbeat(stop, 0.001, lost_after, lost.append, on_silent)
     wanted = store.reads if on_silent is not None else store.writes
     for _ in range(ticks if on_silent is not None else ticks + 1):
         assert wanted.acquire(timeout=30)
     stop.set()
+    thread.join(30)
     assert not lost
 
 
@@ -114,15 +113,15 @@ def _beat(
 def test_node_0_reads_every_counter_in_one_query_per_tick(agents) -> None:
     store = FakeStore()
     for i in range(1, agents):
-        store.values[store.key("hb", i)] = 1  # every peer ticked once
+        store.values[store.key("hb", i)] = sealed_beat(store, i, 1)  # every peer beat once
     _beat(store, agents, 0, ticks=6, on_silent=lambda i: None)
-    first, *rest = store.ops
-    assert first == ("add", 1)  # node 0's own counter, before the thread starts
-    assert rest[0] == ("wait", agents)  # every counter exists: no add_all
+    first, answered, *rest = store.ops
+    assert (first, answered) == (("set", 1), ("check", 1))  # node 0's own beat, before the thread
+    assert rest[0] == ("wait", agents)  # every beat exists
     reads = [op for op in rest if op[0].startswith("multi_get")]
     assert reads[:6] == [("multi_get", agents)] * 6  # one query of N keys a tick, no wait
     per_tick = collections.Counter(name for name, _ in rest[1:13])
-    assert per_tick["multi_get"] == 6 and per_tick["add"] + per_tick["set"] == 6
+    assert per_tick["multi_get"] == 6 and per_tick["set"] == 6
 
 
 @pytest.mark.parametrize(("agents", "lost_after"), [(8, 0.0061), (4096, 0.0061), (8, 0.0031)])
@@ -134,9 +133,11 @@ def test_a_peer_names_only_its_own_counter_and_asks_for_answers_at_its_pace(
     _beat(store, agents, 5, ticks=3 * answered, lost_after=lost_after)
     assert all(size == 1 for _, size in store.ops)
     assert set(store.values) == {store.key("hb", 5)}
-    names = [name for name, _ in store.ops[1 : 1 + 3 * answered]]
-    assert names == (["set"] * (answered - 1) + ["add"]) * 3
-    assert store.values[store.key("hb", 5)] >= 1 + 3 * answered
+    names = [name for name, _ in store.ops[2 : 2 + 3 * (answered + 1)]]
+    assert names == (["set"] * answered + ["check"]) * 3  # one beat in `answered` is answered
+    key = store.key("hb", 5)
+    last = KEYS.unseal(store.values[key], key, "beat")
+    assert last["i"] == 5 and isinstance(last["seq"], int)
 
 
 @pytest.mark.parametrize(
@@ -162,7 +163,7 @@ def test_a_peer_that_never_ticks_is_declared_lost_not_waited_for() -> None:
     lost: list[int] = []
     stop = threading.Event()
     member = Membership(store, 3, 0, ["n0", "n1", "n2"], KEYS)
-    store.values[store.key("hb", 1)] = 1
+    store.values[store.key("hb", 1)] = sealed_beat(store, 1, 1)
 
     def silent(index: int) -> None:
         lost.append(index)
@@ -171,8 +172,8 @@ def test_a_peer_that_never_ticks_is_declared_lost_not_waited_for() -> None:
     member.heartbeat(stop, 0.001, 0.05, lambda why: None, silent)
     assert found.wait(30)
     stop.set()
-    assert lost[0] in (1, 2) and ("add_all", 3) in store.ops
-    assert store.values[store.key("hb", 2)] == 0  # created by node 0, never moved
+    assert lost[0] in (1, 2)
+    assert store.key("hb", 2) not in store.values  # node 0 writes no beat but its own
 
 
 # -- the client against torch's server ----------------------------------------------------

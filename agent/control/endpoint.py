@@ -18,8 +18,10 @@ from agent.control import wire
 from agent.errors import AgentError
 
 log = logging.getLogger("agent")
-HANDSHAKE_TIMEOUT = 10.0
+HANDSHAKE_TIMEOUT = 1.0  # to prove the secret: a silent peer holds a slot no longer
+REQUEST_TIMEOUT = 10.0  # an authenticated client's first request
 MAX_UNAUTHENTICATED = 64  # peers still proving themselves; more are turned away at once
+MAX_PER_PEER = 16  # of those, from one address: one host cannot take every slot
 
 
 class Handler(Protocol):
@@ -37,7 +39,8 @@ class Endpoint:
         else:
             self._sock = socket.create_server(("", 0), backlog=512)
         self.port = self._sock.getsockname()[1]
-        self._slots = threading.BoundedSemaphore(MAX_UNAUTHENTICATED)
+        self._lock = threading.Lock()
+        self._pending: dict[str, int] = {}  # address → connections not yet authenticated
         self._closed = threading.Event()
 
     def start(self) -> None:
@@ -56,23 +59,48 @@ class Endpoint:
                 conn, addr = self._sock.accept()
             except OSError:
                 return
-            if not self._slots.acquire(blocking=False):
-                conn.close()  # a flood of silent peers must not starve real clients of threads
+            host = str(addr[0]) if isinstance(addr, tuple) and addr else "?"
+            why = self._admit(host)
+            if why:  # a flood of silent peers must not starve real clients of threads
+                _turn_away(conn, why)
                 continue
             threading.Thread(
-                target=self._serve, args=(conn, addr), name="endpoint-conn", daemon=True
+                target=self._serve, args=(conn, addr, host), name="endpoint-conn", daemon=True
             ).start()
 
-    def _serve(self, conn: socket.socket, addr: Any) -> None:
+    def _admit(self, host: str) -> str:
+        """'' and a slot taken, or why the peer is turned away."""
+        with self._lock:
+            if sum(self._pending.values()) >= MAX_UNAUTHENTICATED:
+                return f"{MAX_UNAUTHENTICATED} connections are still authenticating"
+            if self._pending.get(host, 0) >= MAX_PER_PEER:
+                return f"{MAX_PER_PEER} connections from {host} are still authenticating"
+            self._pending[host] = self._pending.get(host, 0) + 1
+            return ""
+
+    def _release(self, host: str) -> None:
+        with self._lock:
+            left = self._pending.get(host, 1) - 1
+            if left:
+                self._pending[host] = left
+            else:
+                self._pending.pop(host, None)
+
+    def _serve(self, conn: socket.socket, addr: Any, host: str) -> None:
         try:
             channel = wire.accept(conn, self._key, HANDSHAKE_TIMEOUT)
-            first = channel.recv(HANDSHAKE_TIMEOUT)
         except (AgentError, OSError) as exc:
             log.warning("refused a connection from %s: %s", _peer(addr), exc)
             conn.close()
-            self._slots.release()
             return
-        self._slots.release()
+        finally:
+            self._release(host)
+        try:
+            first = channel.recv(REQUEST_TIMEOUT)
+        except (AgentError, OSError) as exc:
+            log.warning("client %s sent no request: %s", _peer(addr), exc)
+            channel.close()
+            return
         if not isinstance(first, dict):
             channel.close()
             return
@@ -82,6 +110,14 @@ class Endpoint:
             log.warning("client %s: %s", _peer(addr), exc)
         finally:
             channel.close()
+
+
+def _turn_away(conn: socket.socket, why: str) -> None:
+    """Say why in one small frame if the socket takes it now (never wait on it), then close."""
+    with contextlib.suppress(OSError):
+        conn.setblocking(False)
+        conn.send(wire.busy_frame(why))
+    conn.close()
 
 
 def _peer(addr: Any) -> str:

@@ -9,6 +9,7 @@ a partly read frame across a timeout: the next read goes on where the last one s
 
 from __future__ import annotations
 
+import base64
 import errno
 import json
 import math
@@ -28,8 +29,9 @@ class WireError(AgentError):
     """The channel failed: REFUSED (4) for authentication failures and forged frames,
     RENDEZVOUS (3) for a dead peer, a timeout in the handshake, or a closed connection."""
 
-    def __init__(self, message: str, code: ExitCode = ExitCode.RENDEZVOUS) -> None:
+    def __init__(self, message: str, code: ExitCode = ExitCode.RENDEZVOUS, seen: str = "") -> None:
         super().__init__(message, code)
+        self.seen = seen  # what a client saw: "refused", "timed out", "crowded" (or "")
 
 
 class FrameReader:
@@ -148,3 +150,14 @@ def _reason(exc: OSError) -> str:
     if exc.errno is not None and exc.errno in errno.errorcode:
         return exc.strerror or errno.errorcode[exc.errno]
     return str(exc) or type(exc).__name__
+
+
+def pack_bytes(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def unpack_bytes(text: str) -> bytes:
+    """ValueError for anything but a base64 string."""
+    if not isinstance(text, str):
+        raise ValueError(f"expected base64 text, got {type(text).__name__}")
+    return base64.b64decode(text, validate=True)

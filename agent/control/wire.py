@@ -17,8 +17,8 @@ Binary data travels in the JSON as base64 (`pack_bytes`, `unpack_bytes`).
 
 from __future__ import annotations
 
-import base64
 import contextlib
+import errno
 import hashlib
 import hmac
 import os
@@ -26,7 +26,18 @@ import socket
 import time
 
 from agent.control.channel import CLIENT, MAX_FRAME, SERVER, Channel
-from agent.control.framing import FrameReader, WireError, recv_plain, send_plain
+from agent.control.framing import (
+    HEADER,
+    PLAIN_LIMIT,
+    FrameReader,
+    WireError,
+    decode_json,
+    encode_json,
+    pack_bytes,
+    recv_plain,
+    send_plain,
+    unpack_bytes,
+)
 from agent.errors import ExitCode
 
 __all__ = [
@@ -35,13 +46,16 @@ __all__ = [
     "Channel",
     "WireError",
     "accept",
+    "busy_frame",
     "connect",
+    "connect_retrying",
     "pack_bytes",
     "unpack_bytes",
 ]
 
 PROTOCOL = "launch-agent/serve/1"
 SEND_TIMEOUT = 60.0  # a peer that takes no data for this long is treated as gone
+RETRY_FOR = 6.0  # seconds a client keeps trying while node 0 is crowded or slow to answer
 _NONCE = 16
 _MISMATCH_HINT = (
     "this shell must hold the same AGENT_SECRET / ~/.config/launch-agent/secret as the agents "
@@ -98,13 +112,17 @@ def connect(
     deadline = time.monotonic() + timeout
     try:
         sock = socket.create_connection((host, port), timeout=timeout)
+    except socket.gaierror as exc:  # a name that does not resolve: trying again will not help
+        raise WireError(f"cannot connect to {peer}: {exc.strerror}", seen="unknown host") from None
     except OSError as exc:
-        why = "timed out" if isinstance(exc, TimeoutError) else (exc.strerror or str(exc))
-        raise WireError(f"cannot connect to {peer}: {why}") from None
+        timed_out = isinstance(exc, TimeoutError)
+        why = "timed out" if timed_out else (exc.strerror or str(exc))
+        seen = "timed out" if timed_out else "refused" if _refused(exc) else ""
+        raise WireError(f"cannot connect to {peer}: {why}", seen=seen) from None
     try:
         _tune(sock)
         reader = FrameReader(sock, peer)
-        hello = recv_plain(reader, deadline, peer, timeout)
+        hello = _greeting(reader, peer, deadline, timeout)
         server_nonce = _hex(hello.get("nonce"), _NONCE)
         if hello.get("hello") != PROTOCOL or server_nonce is None:
             raise WireError(_not_ours(peer, hello.get("hello")), ExitCode.REFUSED)
@@ -132,15 +150,54 @@ def connect(
         raise
 
 
-def pack_bytes(data: bytes) -> str:
-    return base64.b64encode(data).decode("ascii")
+def connect_retrying(
+    host: str, port: int, auth_key: bytes, timeout: float, retry_for: float = RETRY_FOR
+) -> Channel:
+    """`connect`, tried again for `retry_for` seconds while node 0 turns us away (crowded),
+    does not answer in time or refuses the connection (restarting?); a refused secret is
+    final. The last error says what was seen and how often."""
+    deadline = time.monotonic() + retry_for
+    pause, tries = 0.05, 0
+    while True:
+        tries += 1
+        try:
+            return connect(host, port, auth_key, timeout)
+        except WireError as exc:
+            final = exc.code == ExitCode.REFUSED or exc.seen == "unknown host"
+            if final or time.monotonic() + pause > deadline:
+                if tries > 1:
+                    exc.message = f"{exc.message} ({tries} tries over {retry_for:g}s)"
+                raise
+        time.sleep(pause)  # a backoff between tries, not a synchronisation
+        pause = min(pause * 2, 0.5)
 
 
-def unpack_bytes(text: str) -> bytes:
-    """ValueError for anything but a base64 string."""
-    if not isinstance(text, str):
-        raise ValueError(f"expected base64 text, got {type(text).__name__}")
-    return base64.b64decode(text, validate=True)
+def busy_frame(why: str) -> bytes:
+    """What node 0 sends a peer it turns away before any handshake, so its client can say so."""
+    body = encode_json({"hello": PROTOCOL, "busy": why})
+    return HEADER.pack(len(body)) + body
+
+
+def _greeting(reader: FrameReader, peer: str, deadline: float, timeout: float) -> dict:
+    try:
+        frame = reader.read(PLAIN_LIMIT, deadline)
+    except TimeoutError:
+        raise WireError(f"{peer} sent no greeting within {timeout:g}s", seen="timed out") from None
+    except WireError as exc:
+        if exc.code == ExitCode.REFUSED:
+            raise
+        frame = None
+    if frame is None:  # closed at once: an agent turning peers away (or one going down)
+        raise WireError(f"{peer} closed the connection before its greeting", seen="crowded")
+    hello = decode_json(frame, peer)
+    if hello.get("busy") and hello.get("hello") == PROTOCOL:
+        why = str(hello["busy"])[:200]
+        raise WireError(f"node 0's agent at {peer} turned us away: {why}", seen="crowded")
+    return hello
+
+
+def _refused(exc: OSError) -> bool:
+    return isinstance(exc, ConnectionRefusedError) or exc.errno == errno.ECONNREFUSED
 
 
 def _not_ours(peer: str, greeting: object) -> str:

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from agent.history.record import AttemptRecord, JobRecord
 
-STATE_ENV = "AGENT_STATE_DIR"  # the same variable and default as agent.serve.connection
+STATE_ENV = "AGENT_STATE_DIR"  # the same variable and default as agent.control.connection
 STATE_RELPATH = Path(".cache") / "launch-agent"
 FILE_NAME = "history.sqlite"
 ROW_CAP = 10_000  # jobs kept per database; the oldest beyond it are pruned at each append

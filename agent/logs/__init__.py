@@ -40,6 +40,7 @@ from agent.logs.selection import (
     wanted,
 )
 from agent.plan.rank_set import parse_rank_set
+from agent.text import printable
 from agent.usage import Parser
 
 __all__ = [  # the CLI, and the pure parts that callers and tests reach as agent.logs.X
@@ -195,7 +196,7 @@ def main(argv: Sequence[str], out: BinaryIO | None = None, colour: bool | None =
 
         return Tail(command, sink, colour).run()
     except AgentError as exc:
-        print(f"agent: error: {exc.message}", file=sys.stderr)
+        print(f"agent: error: {printable(exc.message)}", file=sys.stderr)
         return int(exc.code)
     except BrokenPipeError:
         # The reader went away (`| head`): done. Point stdout at /dev/null so that the final

@@ -6,14 +6,18 @@ multi-key call per heartbeat tick. No compare-and-set loops, no polling sleeps: 
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
 
 from agent.errors import AgentError, ExitCode
 from agent.node.scope import Scope
+from agent.node.sealed import tell_refused
 from agent.node.store import Store
-from agent.node.trust import JobKeys
+from agent.node.trust import JobKeys, Refused
+
+log = logging.getLogger("agent")
 
 FIRST_TICK = 30.0  # seconds node 0 waits for a peer's first heartbeat before counting it silent
 # Heartbeats reaching node 0 per second, at most, while a peer still ticks 3 times per
@@ -23,7 +27,7 @@ TICKS_PER_SECOND = 2048
 
 
 def pace(agents: int, interval: float, lost_after: float, leader: bool) -> tuple[float, int]:
-    """(seconds between ticks, one tick in how many is answered). Node 0 reads every counter
+    """(seconds between ticks, one tick in how many is answered). Node 0 reads every beat
     each `interval`; a peer ticks every `interval`, or every agents / TICKS_PER_SECOND seconds
     when that is longer (but at least 3 times per `lost_after`), and asks for an answer at
     least every `lost_after` / 2 seconds."""
@@ -78,40 +82,55 @@ class Membership:
         on_lost: Callable[[str], None],
         on_silent: Callable[[int], None] | None,
     ) -> threading.Thread:
-        """Tick our counter; node 0 (`on_silent` given) also notices a peer that stopped.
+        """Beat; node 0 (`on_silent` given) also notices a peer that stopped.
 
-        A peer ticks at `pace` (every `interval`, less often in jobs so large that node 0
-        would receive more than TICKS_PER_SECOND, never less than 3 times per `lost_after`).
-        A tick sets our counter; one tick in `answered` adds to it instead, a query that is
-        answered, so a store that stopped answering is noticed within ~1.5 * `lost_after`;
-        the others cost node 0 a read and no reply. A peer only ever names its own counter.
-        Node 0 waits (FIRST_TICK s at most) for every counter to exist, creates at 0 those
-        that do not (a peer that died before its first tick: a counter that never moves, not
-        a key waited for forever), then reads all N in one query every `interval`."""
+        A beat is a sealed record under `hb/<index>`: the sender's index and a sequence number
+        that only grows (microseconds of the wall clock at the agent's start, plus its ticks), so
+        an outsider who bumps, replays, copies or deletes beats never makes a dead node look
+        alive: node 0 counts a peer alive only on a sealed beat newer than the last it saw.
+        A peer beats at `pace` (every `interval`, less often in jobs so large that node 0
+        would receive more than TICKS_PER_SECOND, never less than 3 times per `lost_after`);
+        one beat in `answered` is followed by a query that is answered, so a store that stopped
+        answering is noticed within ~1.5 * `lost_after`. A peer only ever names its own key.
+        Node 0 waits (FIRST_TICK s at most) for every beat to exist, then reads all N in one
+        query every `interval` (a missing one reads as empty: a peer that never beat is lost
+        `lost_after` later), and opens only the values that changed."""
         beat = self.store.another_client(op_timeout=lost_after)  # a silent store counts as lost
         mine = beat.key("hb", self.index)
-        count = beat.add(mine)  # ours exists before node 0 reads every counter
+        keys, index = self.scope.keys, self.index
+        first = time.time_ns() // 1000  # grows across restarts of this agent as well
+
+        def sealed(seq: int) -> bytes:
+            return keys.seal({"i": index, "seq": seq}, mine)
+
+        beat.set_bytes(mine, sealed(first))
+        beat.exists(mine)  # answered: ours exists before node 0 reads every beat
         leader = on_silent is not None
         tick, answered = pace(self.agents, interval, lost_after, leader)
 
         def run() -> None:
-            ticks, value = 0, count
+            ticks = 0
             watch = Silence(self.index, lost_after) if on_silent is not None else None
             every = tuple(beat.key("hb", i) for i in range(self.agents)) if watch else ()
+            beats = Beats(keys, every)
             try:
-                if watch is not None and not beat.wait(every, FIRST_TICK):
-                    beat.add_all(every, 0)
+                if watch is not None:
+                    beat.wait(every, FIRST_TICK)
                 while not stop.wait(tick):
                     ticks += 1
-                    if ticks % answered:
-                        value += 1
-                        beat.set_bytes(mine, b"%d" % value)
-                    else:
-                        value = beat.add(mine)
+                    beat.set_bytes(mine, sealed(first + ticks))
+                    if not ticks % answered:
+                        beat.exists(mine)
                     if watch is None:
                         continue
-                    counts = beat.multi_get_ints(every, present=True)
-                    for i in watch.silent(counts, time.monotonic()):
+                    seqs = beats.read(beat.multi_get(every, present=True))
+                    for i in watch.silent(seqs, time.monotonic()):
+                        if beats.tampered[i]:
+                            log.error(
+                                "store tampering suspected at %s: %s",
+                                every[i],
+                                beats.tampered[i],
+                            )
                         on_silent(i)
             except Exception as exc:
                 if not stop.is_set():
@@ -124,11 +143,48 @@ class Membership:
         return thread
 
 
-class Silence:
-    """Node 0's view of the heartbeat counters: which peers stopped ticking (each named once).
+class Beats:
+    """Node 0's reading of the sealed beats: per peer, the newest sequence number seen in a
+    beat that opens under its own key and names its sender. Bytes unchanged since the last
+    read are not opened again (O(N) compares a tick, a decryption only per new beat); a value
+    that does not open, an older beat (a replay) or an empty key leaves the peer's number
+    where it was, and is remembered as the reason it may fall silent (`tampered`)."""
 
-    `silent` is fed every counter at each tick; a peer whose counter has not moved for more than
-    `lost_after` seconds is returned (once). O(N) per tick, no allocation per unchanged peer."""
+    def __init__(self, keys: JobKeys, names: Sequence[str]) -> None:
+        self.keys, self.names = keys, names
+        self.raw: list[bytes] = [b""] * len(names)
+        self.seqs: list[int] = [0] * len(names)
+        self.tampered: list[str] = [""] * len(names)
+
+    def read(self, values: Sequence[bytes]) -> list[int]:
+        raw, seqs = self.raw, self.seqs
+        for i, value in enumerate(values):
+            if value == raw[i]:
+                continue
+            raw[i] = value
+            if not value:
+                if seqs[i]:
+                    self.tampered[i] = "its heartbeat key was deleted"
+                continue
+            try:
+                record = self.keys.unseal(value, self.names[i], "heartbeat")
+            except Refused as exc:
+                tell_refused(self.names[i], exc)
+                self.tampered[i] = "its heartbeat key holds a value that does not open"
+                continue
+            seq = record.get("seq")
+            if record.get("i") != i or not isinstance(seq, int) or seq <= seqs[i]:
+                self.tampered[i] = "an old heartbeat of it was written back (a replay)"
+                continue
+            seqs[i], self.tampered[i] = seq, ""
+        return seqs
+
+
+class Silence:
+    """Node 0's view of the heartbeats: which peers stopped beating (each named once).
+
+    `silent` is fed every peer's newest beat number at each tick; a peer whose number has not
+    moved for more than `lost_after` seconds is returned (once). O(N) per tick, no allocation per unchanged peer."""
 
     def __init__(self, own: int, lost_after: float) -> None:
         self.own, self.lost_after = own, lost_after
@@ -137,7 +193,7 @@ class Silence:
         self.reported: set[int] = set()
 
     def silent(self, counts: Sequence[int], now: float) -> list[int]:
-        if len(self.counts) != len(counts):  # the first tick: every counter starts moving now
+        if len(self.counts) != len(counts):  # the first tick: every clock starts now
             self.counts, self.since = list(counts), [now] * len(counts)
             return []
         found = []

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 from agent.errors import AgentError, ExitCode, PeerFailed
+from agent.node.sealed import TAMPERING, Tampered, read_sealed, tell_refused
 from agent.node.store import Store
 from agent.node.trust import JobKeys, Refused
 
@@ -58,21 +60,45 @@ class Scope:
             raise TooLarge(name, len(sealed))
         self.store.set_bytes(key, sealed)
 
-    def get(self, name: str, what: str, present: bool = False) -> dict[str, Any]:
-        """The record, waiting for it (`present`: known to exist, one round trip less)."""
+    def get(
+        self,
+        name: str,
+        what: str,
+        present: bool = False,
+        timeout: float | None = None,
+        woken: Callable[[], None] | None = None,
+    ) -> dict[str, Any]:
+        """The sealed record, waiting for it (`present`: known to exist, one round trip less);
+        a value that does not open is waited past (`read_sealed`)."""
         key = self.key(name)
-        return self.keys.unseal(self.store.get_bytes(key, present), key, what)
+        data = self.store.get_bytes(key, present)
+        record = read_sealed(self.store, self.keys, key, what, data, timeout, woken=woken)
+        assert record is not None  # no stop event: only a record or an exception ends it
+        return record
 
     def get_if(self, name: str, what: str) -> dict[str, Any] | None:
-        return self.get(name, what, present=True) if self.store.exists(self.key(name)) else None
+        """The record if a sealed one is there now; None if absent or not ours (logged once)."""
+        key = self.key(name)
+        if not self.store.exists(key):
+            return None
+        try:
+            return self.keys.unseal(self.store.get_bytes(key, present=True), key, what)
+        except Refused as exc:
+            tell_refused(key, exc)
+            return None
 
-    def get_all(self, names: Sequence[str], what: str) -> list[dict[str, Any]]:
-        """Several records in one round trip (waits until every one exists)."""
+    def get_all(
+        self, names: Sequence[str], what: str, timeout: float | None = None
+    ) -> list[dict[str, Any]]:
+        """Several records in one round trip (waits until every one exists; one that does not
+        open is waited past, alone, for `timeout` seconds at most: then Tampered)."""
         keys = [self.key(name) for name in names]
-        return [
-            self.keys.unseal(data, key, what)
-            for key, data in zip(keys, self.store.multi_get(keys), strict=True)
-        ]
+        found = []
+        for key, data in zip(keys, self.store.multi_get(keys), strict=True):
+            record = read_sealed(self.store, self.keys, key, what, data, timeout)
+            assert record is not None
+            found.append(record)
+        return found
 
     # -- failures -------------------------------------------------------------------------
     def report(self, record: dict[str, Any], slot: object = None) -> dict[str, Any]:
@@ -92,12 +118,8 @@ class Scope:
 
     def failure(self) -> dict[str, Any] | None:
         """The phase's latest failure (the abort key), None if there is none (or if what is
-        there does not open with the job's key: logged, and ignored)."""
-        try:
-            record = self.get_if("abort", "abort record")
-        except Refused as exc:
-            log.error("%s", exc.message)
-            return None
+        there does not open with the job's key: logged once, and ignored)."""
+        record = self.get_if("abort", "abort record")
         return None if record is None or record.get("kind") == "closed" else record
 
     def failure_of(self, slot: object) -> dict[str, Any] | None:
@@ -113,19 +135,22 @@ class Scope:
         on_abort: Callable[[dict[str, Any]], None],
         on_lost: Callable[[str], None],
     ) -> threading.Thread:
-        """A thread blocked on the abort key over its own connection."""
+        """A thread blocked on the abort key over its own connection. A value there that does
+        not open (an outsider's) is waited past: only a sealed record ends the watch."""
         watcher = self.on(self.store.another_client())
+        key = watcher.key("abort")
 
         def run() -> None:
             try:
                 while not stop.is_set():
-                    if watcher.store.wait([watcher.key("abort")], 3600.0):
-                        record = watcher.get("abort", "abort record", present=True)
-                        if record.get("kind") != "closed":
+                    if watcher.store.wait([key], 3600.0):
+                        data = watcher.store.get_bytes(key, present=True)
+                        record = read_sealed(
+                            watcher.store, self.keys, key, "abort record", data, stop=stop
+                        )
+                        if record is not None and record.get("kind") != "closed":
                             on_abort(record)
                         return
-            except Refused as exc:  # not ours: logged and ignored, never a reason to stop
-                log.error("%s; no longer watching %s", exc.message, watcher.key("abort"))
             except Exception as exc:  # the store went away: node 0 is gone
                 if not stop.is_set():
                     end = watcher.store.endpoint
@@ -143,6 +168,7 @@ class Scope:
         names: Sequence[str],
         note: dict[str, Any] | None = None,
         absent: Collection[int] = (),
+        kept: Sequence[str] = (),
     ) -> None:
         """Every agent arrives once (indexes are claimed, so the count is of distinct agents),
         leaving a sealed `note` under `in/<index>`; `absent` agents (lost before this phase) are
@@ -152,29 +178,65 @@ class Scope:
         self.put(f"in/{self.index}", note or {})
         count = s.add(self.key("arrived"))
         expected = agents - len(absent)
-        if count == expected:
-            s.set_bytes(self.key("done"), b"")
+        waited = [i for i in range(agents) if i not in absent]
+        # The counter only wakes: the barrier ends on a sealed record, written once every
+        # sealed note is in (an outsider's bump of the count ends nothing early).
+        if count >= expected and self._all_in(waited):
+            self.put("done", {})
         else:
             log.info("waiting for %d more agent(s) to join (%s)", expected - count, self.prefix)
-        arrived = s.wait([self.key("done")], timeout)
-        failure = self.failure()
-        if failure is not None:
-            raise PeerFailed(could_not(failure, names), refused=failure.get("kind") == "secret")
-        if not arrived:
-            missing = [
-                names[i]
-                for i in range(agents)
-                if i not in absent and not s.exists(self.key("in", i))
-            ]
-            shown = ", ".join(missing[:8]) + (
-                f" and {len(missing) - 8} more" if len(missing) > 8 else ""
+        deadline = time.monotonic() + timeout
+        done = self.key("done")
+
+        def woken() -> None:  # a failure anywhere sets the done key too, to wake us
+            failure = self.failure()
+            if failure is not None:
+                raise PeerFailed(could_not(failure, names), refused=refused(failure))
+
+        arrived = s.wait([done], timeout)
+        woken()
+        if arrived:
+            left = max(deadline - time.monotonic(), 0.001)
+            try:
+                data = s.get_bytes(done, present=True)
+                read_sealed(s, self.keys, done, "barrier record", data, left, woken=woken)
+                return
+            except Tampered as exc:
+                tampered: Tampered | None = exc
+        else:
+            tampered = None
+        missing = [names[i] for i in waited if not s.exists(self.key("in", i))]
+        gone = [name for name in kept if self.get_if(name, name) is None]
+        if gone:  # what we wrote for the others (the plan) is no longer there: not a slow node
+            raise Tampered(
+                self.key(gone[0]), f"the {gone[0]} record written here is gone or altered"
             )
-            raise AgentError(
-                f"rendezvous timed out after {timeout:g}s: {shown} never arrived "
-                f"({expected - len(missing)}/{expected} agents joined); check that srun "
-                "started an agent on every node, or raise --rdzv-timeout",
-                ExitCode.RENDEZVOUS,
-            )
+        if not missing:  # everyone's note is in, yet no sealed record ended the barrier
+            raise tampered or Tampered(done, f"no sealed barrier record came in {timeout:g}s")
+        shown = ", ".join(missing[:8]) + (
+            f" and {len(missing) - 8} more" if len(missing) > 8 else ""
+        )
+        raise AgentError(
+            f"rendezvous timed out after {timeout:g}s: {shown} never arrived "
+            f"({expected - len(missing)}/{expected} agents joined); check that srun "
+            "started an agent on every node, or raise --rdzv-timeout",
+            ExitCode.RENDEZVOUS,
+        )
+
+    def _all_in(self, waited: Sequence[int]) -> bool:
+        """Whether every awaited agent's sealed note is there (one query)."""
+        keys = [self.key("in", i) for i in waited]
+        for key, data in zip(keys, self.store.multi_get(keys, present=True), strict=True):
+            try:
+                self.keys.unseal(data, key, "host announcement")
+            except Refused:
+                return False
+        return True
+
+
+def refused(failure: dict[str, Any]) -> bool:
+    """Whether a peer's failure ends this agent with exit 4 (a secret or tampering matter)."""
+    return failure.get("kind") == "secret" or str(failure.get("how")).startswith(TAMPERING)
 
 
 def could_not(failure: dict[str, Any], names: Sequence[str]) -> str:

@@ -10,6 +10,8 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+from agent.text import PrintableFormatter
+
 
 @dataclass(frozen=True)
 class Stage:
@@ -51,5 +53,5 @@ class StageFilter(logging.Filter):
 def tagged(handler: logging.Handler, prefix: str) -> logging.Handler:
     """`handler` formatting `[<prefix> r3.a0] message`."""
     handler.addFilter(StageFilter())
-    handler.setFormatter(logging.Formatter(f"[{prefix}%(stage)s] %(message)s"))
+    handler.setFormatter(PrintableFormatter(f"[{prefix}%(stage)s] %(message)s"))
     return handler

@@ -194,6 +194,10 @@ class Store:
     def exists(self, key: str) -> bool:
         return bool(self._client.check([key]))
 
+    def exists_all(self, keys: Sequence[str]) -> bool:
+        """Whether every key exists (one query)."""
+        return bool(self._client.check(list(keys)))
+
     def wait(self, keys: Iterable[str], timeout: float | None) -> bool:
         """Block until every key exists; False on timeout (other errors propagate)."""
         span: Any = timeout
@@ -212,9 +216,6 @@ class Store:
         if isinstance(self._client, StoreClient):
             return self._client.multi_get(keys, wait=not present)
         return [bytes(v) for v in self._client.multi_get(list(keys))]
-
-    def multi_get_ints(self, keys: Sequence[str], present: bool = False) -> list[int]:
-        return [int(v or b"0") for v in self.multi_get(keys, present)]
 
 
 def _listener(endpoint: Endpoint) -> socket.socket | None:

@@ -22,6 +22,7 @@ from agent.errors import AgentError
 from agent.remote.cli import parse
 from agent.remote.fanout import Interrupted, exec_port, run, verdict
 from agent.remote.local import exit_status
+from agent.text import printable
 
 __all__ = ["exec_port", "exit_status", "main", "parse", "verdict"]  # for tests and callers
 
@@ -30,7 +31,7 @@ def main(argv: Sequence[str], env: Mapping[str, str]) -> int:
     try:
         return run(parse(argv), env)
     except AgentError as exc:
-        print(f"agent: error: {exc.message}", file=sys.stderr)
+        print(f"agent: error: {printable(exc.message)}", file=sys.stderr)
         return int(exc.code)
     except Interrupted as exc:
         return 128 + exc.signum

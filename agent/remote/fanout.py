@@ -144,7 +144,14 @@ def _result_of(
     if not store.exists(key):
         joined = store.exists(store.key("joined", index))
         return NodeOutput(index, host, "", None, missing=late if joined else never)
-    data = keys.unseal(store.get_bytes(key), key, f"the exec result of node {index}")
+    from agent.node.sealed import tell_refused
+    from agent.node.trust import Refused
+
+    try:
+        data = keys.unseal(store.get_bytes(key), key, f"the exec result of node {index}")
+    except Refused as exc:  # an outsider's value: no answer from that node
+        tell_refused(key, exc)
+        return NodeOutput(index, host, "", None, missing=late)
     return NodeOutput(
         node=index,  # from the key, not the record: a node speaks only for its own slot
         host=str(data.get("host") or host),

@@ -17,6 +17,7 @@ from typing import Any
 from agent.errors import AgentError, ExitCode, PeerFailed
 from agent.node.events import StoreLost, drained
 from agent.node.scope import Scope
+from agent.node.sealed import Tampered
 from agent.plan.roster import Exclusion, Roster
 from agent.plan.run_plan import RunPlan
 from agent.run.health import Health
@@ -66,12 +67,16 @@ def gather(
         scope.store.set_bytes(scope.key("health-done"), b"")  # they never report: counted in
     done = scope.store.wait([scope.key("health-done")], timeout + REPORT_SLACK)
     expect = [i for i in members if i not in gone]
-    if done and scope.failure() is None:  # the usual case: one round trip for every report
-        found = scope.get_all([f"health/{i}" for i in expect], "health report")
-        return {
-            **dict.fromkeys(gone),
-            **dict(zip(expect, map(Health.from_json, found), strict=True)),
-        }
+    names = [f"health/{i}" for i in expect]
+    # The usual case: one round trip for every report. The counter only wakes: the reports
+    # themselves must be there (an outsider's bump of the count would leave us waiting).
+    if done and scope.failure() is None and scope.store.exists_all([scope.key(n) for n in names]):
+        found = _sealed(scope, names, deadline)
+        if found is not None:
+            return {
+                **dict.fromkeys(gone),
+                **dict(zip(expect, map(Health.from_json, found), strict=True)),
+            }
     # Woken by a failure (a peer lost or stopped mid-round) or late: wait for the rest alone,
     # a second at a time, so that a member lost meanwhile is not waited for, and a failure that
     # ends the round ends the wait (its reports no longer matter).
@@ -81,7 +86,9 @@ def gather(
         waiting = [scope.key("health", i) for i in expect]
         left = deadline - time.monotonic()
         if scope.store.wait(waiting, min(1.0, max(left, 0.001))):
-            found = scope.get_all([f"health/{i}" for i in expect], "health report")
+            found = _sealed(scope, [f"health/{i}" for i in expect], deadline)
+            if found is None:  # a report that does not open: read each one alone, below
+                break
             return {
                 **dict.fromkeys(gone),
                 **dict(zip(expect, map(Health.from_json, found), strict=True)),
@@ -93,6 +100,15 @@ def gather(
         record = None if i in gone else scope.get_if(f"health/{i}", "health report")
         reports[i] = None if record is None else Health.from_json(record)
     return reports
+
+
+def _sealed(scope: Scope, names: list[str], deadline: float) -> list[dict[str, Any]] | None:
+    """Every report, waiting past forgeries until the round's deadline (None: one never came
+    sealed; the member is then treated as having sent none)."""
+    try:
+        return scope.get_all(names, "health report", max(deadline - time.monotonic(), 0.001))
+    except Tampered:
+        return None
 
 
 def exclusions(

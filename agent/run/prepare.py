@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from agent.errors import AgentError, ExitCode, PeerFailed
-from agent.node.scope import VALUE_LIMIT, Scope, TooLarge, could_not
+from agent.node.scope import VALUE_LIMIT, Scope, TooLarge, could_not, refused
 from agent.node.stage import StageFilter
 from agent.plan import checks
 from agent.plan.layout import NodeLayout
@@ -75,7 +75,8 @@ def prepare(
     lay = node_layout(plan, placed, topology)
     # Every rank's argv and env can be built (e.g. --rank-prefix placeholders) before the barrier.
     rank_specs(plan, placed, lay, attempt=0, port=0, config_file=config_file, environ=environ)
-    scope.barrier(world.agents, timeout, names, absent=absent)
+    kept = ("plan",) if world.agent_index == 0 else ()  # node 0's: gone means tampering
+    scope.barrier(world.agents, timeout, names, absent=absent, kept=kept)
     return Prepared(plan, lay, config_file, topology)
 
 
@@ -104,10 +105,14 @@ def _receive(scope: Scope, timeout: float, names: list[str]) -> dict[str, Any]:
             f"rendezvous timed out after {timeout:g}s: node 0 never published the run's plan",
             ExitCode.RENDEZVOUS,
         )
-    failure = scope.failure()
-    if failure is not None:
-        raise PeerFailed(could_not(failure, names), refused=failure.get("kind") == "secret")
-    return scope.get("plan", "config payload")
+
+    def woken() -> None:  # a failure anywhere sets the plan key too, to wake us
+        failure = scope.failure()
+        if failure is not None:
+            raise PeerFailed(could_not(failure, names), refused=refused(failure))
+
+    woken()
+    return scope.get("plan", "config payload", present=True, timeout=timeout, woken=woken)
 
 
 LOW_SPACE = 100 << 20

@@ -16,12 +16,13 @@ from pathlib import Path
 from typing import Any, BinaryIO, TextIO
 
 from agent.control import connection
-from agent.control.wire import Channel, WireError, connect, unpack_bytes
+from agent.control.wire import Channel, WireError, connect_retrying, unpack_bytes
 from agent.errors import AgentError, ExitCode
 from agent.node.signing import load_secret
 from agent.node.trust import JobKeys
 from agent.serve.forward import GaveUp, StopSignals
 from agent.serve.status_view import render_status
+from agent.text import printable
 
 _SLICE = 0.25  # the longest a forwarded Ctrl-C waits before it is sent to node 0
 _STOPPING = "[agent] stopping the run on every node (Ctrl-C again to stop waiting)\n"
@@ -59,21 +60,30 @@ def locate(environ: Mapping[str, str], home: Path, explicit: str | None) -> Targ
 def open_channel(
     target: Target, environ: Mapping[str, str], home: Path, timeout: float = 10.0
 ) -> Channel:
-    """Connect and prove the job's secret; AgentError (3) when nothing answers, (4) on a
+    """Connect and prove the job's secret, trying again for a few seconds while node 0 is
+    crowded or slow; AgentError (3) saying what was seen when it never answers, (4) on a
     secret mismatch or a server that cannot prove the secret."""
     keys = JobKeys.derive(load_secret(environ, home), target.job, target.step)
     try:
-        return connect(target.host, target.port, keys.client_key, timeout)
+        return connect_retrying(target.host, target.port, keys.client_key, timeout)
     except WireError as exc:
         if exc.code == ExitCode.REFUSED:
             raise
-        raise AgentError(
-            f"no resident agents answer at {target.host}:{target.port} ({exc.message}; from "
-            f"{target.path}, written by pid {target.pid} on {target.hostname or '?'}); they may "
-            "have stopped: start them again with `srun --ntasks-per-node=1 python -m agent serve "
-            "&`, or remove the stale file",
-            ExitCode.RENDEZVOUS,
-        ) from None
+        where, file = f"{target.host}:{target.port}", target.path
+        message = {
+            "refused": f"no resident agents answer at {where}: nothing listens there "
+            f"({exc.message}; from {file}, written by pid {target.pid} on "
+            f"{target.hostname or '?'}); they have stopped: start them again with `srun "
+            "--ntasks-per-node=1 python -m agent serve &`, or remove the stale file",
+            "crowded": f"node 0's agent at {where} is running but crowded: it turned this "
+            f"client away ({exc.message}): too many connections that never authenticate "
+            f"(someone may be flooding its port); {file} is valid: try again",
+        }.get(
+            exc.seen,
+            f"node 0's agent at {where} did not answer ({exc.message}): it may be overloaded "
+            f"or the network slow; try again ({file} is kept)",
+        )
+        raise AgentError(message, ExitCode.RENDEZVOUS) from None
 
 
 def run(channel: Channel, request: dict[str, Any], out: BinaryIO, err: BinaryIO) -> int:
@@ -115,7 +125,7 @@ def status(
     channel.send({"op": "status"})
     reply = answer(channel, "status", timeout, out)
     for line in render_status(reply if isinstance(reply, Mapping) else {}, now()):
-        print(line, file=out)
+        print(printable(line), file=out)
     return 0
 
 
@@ -147,7 +157,7 @@ class _RunView:
             if "out" in msg:
                 self._write(2 if msg.get("fd") == 2 else 1, unpack_bytes(msg["out"]))
             elif "log" in msg:
-                self.line(f"{msg['log']}\n")
+                self.line(f"{printable(msg['log'])}\n")
             elif "accepted" in msg:
                 self._run = int(msg["accepted"]["run"])
                 self._log_dir = str(msg["accepted"].get("log_dir", ""))
@@ -157,7 +167,7 @@ class _RunView:
                     self.line(f"summary: {msg['summary']}\n")
                 return _exit_code(msg["end"])
             elif "error" in msg:
-                self.line(f"agent: error: {msg['error']}\n")
+                self.line(f"agent: error: {printable(msg['error'])}\n")
                 return _exit_code(msg.get("code"))
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise _garbled(self._channel, exc) from None
@@ -216,7 +226,7 @@ def answer(channel: Channel, key: str, timeout: float, out: TextIO) -> Any:
         if key in msg:
             return msg[key]
         if "log" in msg:
-            print(f"[agent] {msg['log']}", file=out)
+            print(f"[agent] {printable(msg['log'])}", file=out)
 
 
 def _exit_code(value: object) -> int:

@@ -10,6 +10,7 @@ from pathlib import Path
 from agent.plan.client_env import client_env
 from agent.serve import client
 from agent.serve.cli import parse_client
+from agent.text import printable
 
 
 def main(action: str, argv: Sequence[str], environ: Mapping[str, str]) -> int:
@@ -31,6 +32,7 @@ def main(action: str, argv: Sequence[str], environ: Mapping[str, str]) -> int:
             channel.send(request)
             reply = client.answer(channel, "stacks", 60.0, sys.stdout)
             text = reply.get("text", "") if isinstance(reply, dict) else ""
+            text = printable(text)
             sys.stdout.write(text if text.endswith("\n") or not text else text + "\n")
             return 0
         exported, _ = client_env(environ)  # the secret and the shell's own SLURM_* stay here

@@ -68,7 +68,7 @@ def _open_feed(agent: NodeAgent) -> wire.Channel | None:
         if not m.store.wait([m.key("endpoint")], agent.settings.rdzv_timeout):
             raise TimeoutError("node 0 never published its endpoint")
         port = int(m.get("endpoint", "node 0's endpoint")["port"])
-        channel = wire.connect(w.master_addr, port, agent.keys.client_key, 10.0)
+        channel = wire.connect_retrying(w.master_addr, port, agent.keys.client_key, 10.0)
         channel.send({"op": "feed", "node": w.agent_index})
         return channel
     except (AgentError, OSError, ValueError, KeyError, TypeError) as exc:
