@@ -12,10 +12,11 @@ from pathlib import Path
 
 import pytest
 
+from agent.control import connection, wire
 from agent.control.endpoint import Endpoint
 from agent.errors import AgentError, ExitCode
 from agent.node.trust import JobKeys
-from agent.serve import client, connection, wire
+from agent.serve import client
 
 SECRET = "crowd-secret"
 KEY = JobKeys.derive(SECRET.encode(), "77", "0").client_key
