@@ -30,7 +30,10 @@ SERVE_ONLY = frozenset(
         "preload",
     }
 )
-_CLIENT_HELP = "the connection file of the resident agents (default: from SLURM_JOB_ID)"
+_CLIENT_HELP = (
+    "the connection file of the resident agents (default: SLURM_JOB_ID's, else the only one in "
+    "the state dir)"
+)
 _SERVE_EPILOG = """\
 Inside an allocation:
   srun --ntasks-per-node=1 python -m agent serve &     one resident agent per node
