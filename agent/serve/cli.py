@@ -53,6 +53,7 @@ class ClientCommand:
     serve_file: str | None
     argv: tuple[str, ...] = ()  # run: its arguments as given; node 0 parses them again
     run: Command | None = None
+    log_dir: str | None = None  # stacks: the LOG_DIR given
 
 
 def serve_parser() -> Parser:
@@ -136,4 +137,4 @@ def _parse_stacks(argv: Sequence[str]) -> ClientCommand:
 
         serve_file = os.path.join(ns.log_dir, "control.json")
     argv_out = ("--native",) if ns.native else ()
-    return ClientCommand("stacks", serve_file, (*argv_out, "--ranks", ns.ranks))
+    return ClientCommand("stacks", serve_file, (*argv_out, "--ranks", ns.ranks), None, ns.log_dir)
