@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import pytest
-from cluster import base_env, wait_for
+from cluster import FIXTURE, base_env, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -50,3 +50,16 @@ def test_serve_outside_slurm_names_the_client_command_that_works(tmp_path):
         if serve.poll() is None:
             serve.kill()
             serve.wait()
+
+
+def test_an_exclude_naming_no_host_of_the_job_is_one_warning_and_the_job_runs(cluster_factory):
+    cluster = cluster_factory(2).start(["--exclude", "nosuch[1-3]", FIXTURE])
+    assert cluster.wait(120) == [0, 0], cluster.dump()
+    node0 = cluster.agents[0].stderr()
+    warned = [line for line in node0.splitlines() if "--exclude" in line]
+    assert len(warned) == 1, node0
+    assert warned[0].endswith(
+        "--exclude 'nosuch[1-3]' names no host of this job (its hosts: 127.0.0.[1-2]); "
+        "excluding none"
+    ), warned
+    assert "excluding" not in cluster.agents[1].stderr()
