@@ -9,6 +9,7 @@ import sys
 
 import pytest
 from cluster import FIXTURE, base_env, wait_for
+from serving import Serving
 
 pytestmark = pytest.mark.e2e
 
@@ -63,3 +64,20 @@ def test_an_exclude_naming_no_host_of_the_job_is_one_warning_and_the_job_runs(cl
         "excluding none"
     ), warned
     assert "excluding" not in cluster.agents[1].stderr()
+
+
+def test_every_resident_nodes_teardown_reason_reaches_the_client(tmp_path):
+    serving = Serving(tmp_path, 2, ("--preload", "none"))
+    try:
+        serving.start().ready()
+        result = serving.call("run", FIXTURE, "--on", "0", "--exit", "3", "--others-wait")
+        assert result.returncode == 1, result.stderr + serving.dump()
+        own = [line for line in serving.agents[1].stderr().splitlines() if "tearing down" in line]
+        assert own, serving.dump()  # node 1 said why in its own log ...
+        relayed = [line for line in result.stderr.splitlines() if "tearing down" in line]
+        assert any(line.startswith("[agent 127.0.0.2 r0.a0] ") for line in relayed), result.stderr
+        assert own[-1] in relayed, (own, result.stderr)  # ... and the client heard the same
+        assert serving.call("down").returncode == 0
+        assert serving.wait(60) == [0, 0], serving.dump()
+    finally:
+        serving.kill()
