@@ -81,3 +81,30 @@ def test_every_resident_nodes_teardown_reason_reaches_the_client(tmp_path):
         assert serving.wait(60) == [0, 0], serving.dump()
     finally:
         serving.kill()
+
+
+SCOPE_NAME = re.compile(r"\((?:m|r\d+)(?:[/.][\w/]*)?\)")
+
+
+def test_no_internal_scope_names_and_join_only_while_joining(tmp_path):
+    serving = Serving(tmp_path, 2, ("--preload", "none"))
+    try:
+        serving.start().ready()
+        runs = [serving.call("run", FIXTURE) for _ in range(2)]
+        assert [r.returncode for r in runs] == [0, 0], runs[-1].stderr + serving.dump()
+        assert serving.call("down").returncode == 0
+        assert serving.wait(60) == [0, 0], serving.dump()
+        told = [*(r.stderr for r in runs), *(a.stderr() for a in serving.agents)]
+        lines = "\n".join(told).splitlines()
+        assert not [line for line in lines if SCOPE_NAME.search(line)], "\n".join(told)
+        # the first node at each run's barrier waits for the other: it says for what, truly
+        own = "\n".join(a.stderr() for a in serving.agents).splitlines()
+        waits = [line for line in own if "more agent(s)" in line]
+        assert len([w for w in waits if w.endswith("1 more agent(s) to prepare the run")]) == 2
+        for agent in serving.agents:  # joining happens once, before node 0 serves
+            text = agent.stderr()
+            for line in text.splitlines():
+                if line.endswith("to join"):
+                    assert " r" not in line.split("]")[0], line  # before any run's stage
+    finally:
+        serving.kill()

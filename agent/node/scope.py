@@ -125,7 +125,7 @@ class Scope:
                             on_abort(record)
                         return
             except Refused as exc:  # not ours: logged and ignored, never a reason to stop
-                log.error("%s; no longer watching %s", exc.message, watcher.key("abort"))
+                log.error("%s; no longer watching for aborts", exc.message)
             except Exception as exc:  # the store went away: node 0 is gone
                 if not stop.is_set():
                     end = watcher.store.endpoint
@@ -143,11 +143,12 @@ class Scope:
         names: Sequence[str],
         note: dict[str, Any] | None = None,
         absent: Collection[int] = (),
+        doing: str = "to join",
     ) -> None:
         """Every agent arrives once (indexes are claimed, so the count is of distinct agents),
         leaving a sealed `note` under `in/<index>`; `absent` agents (lost before this phase) are
         not waited for. A failure reported in this phase wakes it at once; a timeout names who
-        never came."""
+        never came. `doing`: what the others are still doing, for the user ("to join")."""
         s = self.store
         self.put(f"in/{self.index}", note or {})
         count = s.add(self.key("arrived"))
@@ -155,7 +156,7 @@ class Scope:
         if count == expected:
             s.set_bytes(self.key("done"), b"")
         else:
-            log.info("waiting for %d more agent(s) to join (%s)", expected - count, self.prefix)
+            log.info("waiting for %d more agent(s) %s", expected - count, doing)
         arrived = s.wait([self.key("done")], timeout)
         failure = self.failure()
         if failure is not None:

@@ -75,7 +75,7 @@ def prepare(
     lay = node_layout(plan, placed, topology)
     # Every rank's argv and env can be built (e.g. --rank-prefix placeholders) before the barrier.
     rank_specs(plan, placed, lay, attempt=0, port=0, config_file=config_file, environ=environ)
-    scope.barrier(world.agents, timeout, names, absent=absent)
+    scope.barrier(world.agents, timeout, names, absent=absent, doing="to prepare the run")
     return Prepared(plan, lay, config_file, topology)
 
 
