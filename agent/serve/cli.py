@@ -39,7 +39,9 @@ Inside an allocation:
   srun --ntasks-per-node=1 python -m agent serve &     one resident agent per node
   python -m agent run [OPTIONS] train.py a.yml          a run on them (warm ranks)
   python -m agent status                                nodes, warm or not, the current run
-  python -m agent down                                  stop the resident agents"""
+  python -m agent down                                  stop the resident agents
+Without a scheduler: `python -m agent serve &`, then the same clients (they find the state
+dir's only connection file; with several, pass --serve FILE)."""
 
 
 @dataclass(frozen=True)
