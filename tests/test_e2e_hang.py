@@ -68,6 +68,10 @@ def test_hang_timeout_names_the_lone_rank_and_leaves_nothing(cluster_factory):
     stacks = (cluster.log_dir / "stacks-a0.txt").read_text()
     assert "rank 3 (1 rank" in stacks and "ranks 0-2 (3 ranks" in stacks
     assert not job_processes(cluster.marker)
+    after = _stacks(cluster)  # the job finished: its files, not resident agents to start
+    assert after.returncode == 3, after.stderr
+    assert f"has finished: its stacks at the hang: {cluster.log_dir}/stacks-a0.txt" in after.stderr
+    assert "serve" not in after.stderr and len(after.stderr.splitlines()) == 1, after.stderr
 
 
 def test_output_that_is_not_progress_is_still_a_hang(cluster_factory):

@@ -135,8 +135,8 @@ def test_job_ids_that_could_leave_the_state_dir_are_refused(tmp_path, job_id, ac
         ({"SLURM_JOB_ID": "11", "AGENT_JOB_ID": "12"}, None, "serve-11.json", None, None),
         ({"SLURM_JOB_ID": "13"}, "given.json", "given.json", None, None),
         ({}, "given.json", "given.json", None, None),
-        ({}, None, None, ExitCode.USAGE, "no job id: run this inside the salloc"),
-        ({"SLURM_JOB_ID": ""}, None, None, ExitCode.USAGE, "or pass --serve FILE"),
+        ({}, None, None, ExitCode.USAGE, "(serve-11.json, serve-12.json, serve-13.json)"),
+        ({"SLURM_JOB_ID": ""}, None, None, ExitCode.USAGE, ": pass --serve FILE"),
         ({"SLURM_JOB_ID": "99"}, None, None, ExitCode.RENDEZVOUS, "no resident agents for job 99"),
         ({}, "absent.json", None, ExitCode.RENDEZVOUS, "--serve"),
     ],
@@ -156,6 +156,57 @@ def test_find(tmp_path, env, explicit, expected, code, words):
     assert error.code == code and words in error.message
     if code == ExitCode.RENDEZVOUS:
         assert "python -m agent serve" in error.message
+
+
+def test_without_a_job_id_the_only_file_of_the_state_dir_is_found(tmp_path):
+    state = tmp_path / "state"
+    env = {connection.STATE_ENV: str(state)}
+    error = error_of(connection.find, env, tmp_path, None)
+    assert error.code == ExitCode.RENDEZVOUS and str(state) in error.message
+    assert "python -m agent serve &" in error.message
+    state.mkdir()
+    (state / ".serve-local.json.1.ab").write_text("{}")  # a half-written one is not a file yet
+    only = state / "serve-local.json"
+    connection.write(only, RECORD)
+    assert connection.find(env, tmp_path, None) == only
+    connection.write(state / "serve-77.json", RECORD)
+    error = error_of(connection.find, env, tmp_path, None)
+    assert error.code == ExitCode.USAGE
+    assert "(serve-77.json, serve-local.json): pass --serve FILE" in error.message
+
+
+@pytest.mark.parametrize(
+    ("env", "others", "expected"),
+    [
+        ({}, (), "`python -m agent run|status|down`"),
+        ({"STATE": ""}, (), "`AGENT_STATE_DIR={state} python -m agent run|status|down`"),
+        ({}, ("serve-9.json",), "`python -m agent run|status|down --serve {path}`"),
+        ({"AGENT_JOB_ID": "9"}, (), "`python -m agent run|status|down --serve {path}`"),
+    ],
+)
+def test_serve_names_the_client_command_that_finds_its_file(tmp_path, env, others, expected):
+    state = tmp_path / "state"
+    environ = {k: v for k, v in env.items() if k != "STATE"}
+    if "STATE" in env:
+        environ[connection.STATE_ENV] = str(state)
+    path = connection.path_for(environ, tmp_path, "local")
+    for name in (path.name, *others):
+        connection.write(path.parent / name, RECORD)
+    said = connection.client_command(environ, tmp_path, path)
+    assert said == expected.format(state=state, path=path)
+    if "--serve" not in said:  # the command as said finds the file from a fresh shell
+        shell = {connection.STATE_ENV: str(state)} if "STATE" in env else {}
+        assert connection.find(shell, tmp_path, None) == path
+
+
+def test_inside_slurm_serve_names_the_plain_command_and_the_file(tmp_path):
+    environ = {"SLURM_JOB_ID": "5", connection.STATE_ENV: str(tmp_path)}
+    path = connection.path_for(environ, tmp_path, "5")
+    connection.write(path, RECORD)
+    said = connection.client_command(environ, tmp_path, path)
+    assert said.startswith(f"`AGENT_STATE_DIR={tmp_path} python -m agent run|status|down` (")
+    assert f"`--serve {path}`" in said
+    assert connection.find(environ, tmp_path, None) == path
 
 
 def test_remove_deletes_only_the_file_of_the_same_agent(tmp_path):

@@ -153,7 +153,8 @@ def read(path: Path) -> dict[str, Any]:
 
 def find(environ: Mapping[str, str], home: Path, explicit: str | None) -> Path:
     """--serve FILE if given, else the file of this allocation's job (SLURM_JOB_ID, else
-    AGENT_JOB_ID); AgentError when there is no job id (2) or no file (3)."""
+    AGENT_JOB_ID), else (no job id) the only connection file in the state dir; AgentError when
+    there are several (2) or none (3)."""
     if explicit:
         path = Path(explicit).expanduser()
         if not path.is_file():
@@ -165,10 +166,7 @@ def find(environ: Mapping[str, str], home: Path, explicit: str | None) -> Path:
         return path
     job_id = environ.get("SLURM_JOB_ID") or environ.get("AGENT_JOB_ID")
     if not job_id:
-        raise AgentError(
-            "no job id: run this inside the salloc/sbatch allocation (SLURM_JOB_ID) "
-            "or pass --serve FILE"
-        )
+        return _the_only_file(state_dir(environ, home))
     path = path_for(environ, home, job_id)
     if not path.is_file():
         raise AgentError(
@@ -176,6 +174,49 @@ def find(environ: Mapping[str, str], home: Path, explicit: str | None) -> Path:
             ExitCode.RENDEZVOUS,
         )
     return path
+
+
+def files_in(directory: Path) -> list[Path]:
+    """The connection files in a state dir, sorted (none when it cannot be listed)."""
+    try:
+        return sorted(p for p in directory.glob("serve-*.json") if p.is_file())
+    except OSError:
+        return []
+
+
+def client_command(environ: Mapping[str, str], home: Path, path: Path) -> str:
+    """The client command line that finds `path` from a shell like the one `serve` started in
+    (what `serve` tells the user): the job id's file inside the allocation, the only file of the
+    state dir without one, else `--serve PATH`."""
+    given = environ.get(STATE_ENV)
+    base = f"{STATE_ENV}={given} " if given else ""
+    base += "python -m agent run|status|down"
+    job_id = environ.get("SLURM_JOB_ID") or environ.get("AGENT_JOB_ID")
+    if job_id and path.name == f"serve-{job_id}.json":
+        return f"`{base}` (inside this allocation; elsewhere add `--serve {path}`)"
+    if job_id or files_in(path.parent) != [path]:
+        return f"`python -m agent run|status|down --serve {path}`"
+    return f"`{base}`"
+
+
+def _the_only_file(directory: Path) -> Path:
+    """No job id: the one connection file of this user's state dir; AgentError (3) when there
+    is none, (2) naming them when there are several."""
+    found = files_in(directory)
+    if len(found) == 1:
+        return found[0]
+    if not found:
+        raise AgentError(
+            f"no resident agents: no job id (SLURM_JOB_ID) and no serve-*.json in {directory}; "
+            "start them with `python -m agent serve &` (in an allocation: "
+            "`srun --ntasks-per-node=1 python -m agent serve &`)",
+            ExitCode.RENDEZVOUS,
+        )
+    names = ", ".join(p.name for p in found)
+    raise AgentError(
+        f"no job id (SLURM_JOB_ID) and {len(found)} resident agents' connection files in "
+        f"{directory} ({names}): pass --serve FILE"
+    )
 
 
 def remove(path: Path, pid: int) -> None:

@@ -169,11 +169,12 @@ class Scope:
         note: dict[str, Any] | None = None,
         absent: Collection[int] = (),
         kept: Sequence[str] = (),
+        doing: str = "to join",
     ) -> None:
         """Every agent arrives once (indexes are claimed, so the count is of distinct agents),
         leaving a sealed `note` under `in/<index>`; `absent` agents (lost before this phase) are
         not waited for. A failure reported in this phase wakes it at once; a timeout names who
-        never came."""
+        never came. `doing`: what the others are still doing, for the user ("to join")."""
         s = self.store
         self.put(f"in/{self.index}", note or {})
         count = s.add(self.key("arrived"))
@@ -184,7 +185,7 @@ class Scope:
         if count >= expected and self._all_in(waited):
             self.put("done", {})
         else:
-            log.info("waiting for %d more agent(s) to join (%s)", expected - count, self.prefix)
+            log.info("waiting for %d more agent(s) %s", expected - count, doing)
         deadline = time.monotonic() + timeout
         done = self.key("done")
 

@@ -162,3 +162,22 @@ def excluded_hosts(text: str | None) -> frozenset[str]:
             f"--exclude {text[:200]!r} is not a host list ({exc}); write it as Slurm does, "
             "e.g. 'gpu[003,017],gpu020'"
         ) from None
+
+
+def foreign_excludes(text: str | None, hosts: Sequence[str]) -> str | None:
+    """The warning when --exclude names hosts that are not the job's (the job still runs on the
+    others), naming the job's hosts; None when every name is one of them (or hosts are unknown)."""
+    named = excluded_hosts(text)
+    unknown = sorted(named - set(hosts))
+    if not hosts or not unknown:
+        return None
+    import hostlist
+
+    own = hostlist.collect_hostlist(list(dict.fromkeys(hosts)))
+    given = repr((text or "").strip()[:200])
+    if len(unknown) == len(named):
+        return f"--exclude {given} names no host of this job (its hosts: {own}); excluding none"
+    return (
+        f"--exclude {given}: {hostlist.collect_hostlist(unknown)} not among this job's hosts "
+        f"({own}); excluding only the others"
+    )

@@ -76,7 +76,9 @@ def prepare(
     # Every rank's argv and env can be built (e.g. --rank-prefix placeholders) before the barrier.
     rank_specs(plan, placed, lay, attempt=0, port=0, config_file=config_file, environ=environ)
     kept = ("plan",) if world.agent_index == 0 else ()  # node 0's: gone means tampering
-    scope.barrier(world.agents, timeout, names, absent=absent, kept=kept)
+    scope.barrier(
+        world.agents, timeout, names, absent=absent, kept=kept, doing="to prepare the run"
+    )
     return Prepared(plan, lay, config_file, topology)
 
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from agent.errors import AgentError, ExitCode
 from agent.node.scope import Scope
-from agent.plan.roster import Roster, Shortfall, excluded_hosts, seated
+from agent.plan.roster import Roster, Shortfall, excluded_hosts, foreign_excludes, seated
 from agent.plan.run_plan import node_layout
 from agent.run.gpu_faults import gpu_faults
 from agent.run.health import Health, HealthCheck, examine
@@ -82,6 +82,9 @@ def _decide(
     if failure is not None:  # an agent stopped mid-round
         return Lineup(0, roster, end={"code": int(ExitCode.RANK_FAILED), "cause": failure})
     hosts = self.hosts()
+    foreign = foreign_excludes(o.exclude, hosts) if attempt == 0 else None
+    if foreign:
+        log.warning("%s", foreign)
     waited = o.health_timeout + REPORT_SLACK
     out = exclusions(
         roster, reports, self.lost(), excluded_hosts(o.exclude), hosts, attempt, waited

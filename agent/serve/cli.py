@@ -30,13 +30,18 @@ SERVE_ONLY = frozenset(
         "preload",
     }
 )
-_CLIENT_HELP = "the connection file of the resident agents (default: from SLURM_JOB_ID)"
+_CLIENT_HELP = (
+    "the connection file of the resident agents (default: SLURM_JOB_ID's, else the only one in "
+    "the state dir)"
+)
 _SERVE_EPILOG = """\
 Inside an allocation:
   srun --ntasks-per-node=1 python -m agent serve &     one resident agent per node
   python -m agent run [OPTIONS] train.py a.yml          a run on them (warm ranks)
   python -m agent status                                nodes, warm or not, the current run
-  python -m agent down                                  stop the resident agents"""
+  python -m agent down                                  stop the resident agents
+Without a scheduler: `python -m agent serve &`, then the same clients (they find the state
+dir's only connection file; with several, pass --serve FILE)."""
 
 
 @dataclass(frozen=True)
@@ -50,6 +55,7 @@ class ClientCommand:
     serve_file: str | None
     argv: tuple[str, ...] = ()  # run: its arguments as given; node 0 parses them again
     run: Command | None = None
+    log_dir: str | None = None  # stacks: the LOG_DIR given
 
 
 def serve_parser() -> Parser:
@@ -133,4 +139,4 @@ def _parse_stacks(argv: Sequence[str]) -> ClientCommand:
 
         serve_file = os.path.join(ns.log_dir, "control.json")
     argv_out = ("--native",) if ns.native else ()
-    return ClientCommand("stacks", serve_file, (*argv_out, "--ranks", ns.ranks))
+    return ClientCommand("stacks", serve_file, (*argv_out, "--ranks", ns.ranks), None, ns.log_dir)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import glob
 import os
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from agent.errors import AgentError, ExitCode
 from agent.plan.client_env import client_env
 from agent.serve import client
 from agent.serve.cli import parse_client
@@ -16,8 +18,17 @@ from agent.text import printable
 def main(action: str, argv: Sequence[str], environ: Mapping[str, str]) -> int:
     command = parse_client(action, argv)  # --help and usage errors before any connection
     home = Path.home()
+    log_dir = command.log_dir if command.serve_file == _control(command.log_dir) else None
+    if log_dir is not None and not os.path.isfile(_control(log_dir)):
+        raise not_live(log_dir)
     target = client.locate(environ, home, command.serve_file)
-    channel = client.open_channel(target, environ, home)
+    try:
+        channel = client.open_channel(target, environ, home)
+    except AgentError as exc:
+        finished = log_dir is not None and exc.code == ExitCode.RENDEZVOUS
+        if finished and os.path.isfile(os.path.join(log_dir, "summary.json")):
+            raise not_live(log_dir) from None
+        raise
     try:
         if action == "status":
             return client.status(channel, sys.stdout)
@@ -40,3 +51,27 @@ def main(action: str, argv: Sequence[str], environ: Mapping[str, str]) -> int:
         return client.run(channel, request, sys.stdout.buffer, sys.stderr.buffer)
     finally:
         channel.close()
+
+
+def not_live(log_dir: str) -> AgentError:
+    """`agent stacks LOG_DIR` when no node 0 answers for LOG_DIR: what its files say instead
+    (3: no job to ask; 2: LOG_DIR is not a directory)."""
+    summary = os.path.join(log_dir, "summary.json")
+    if os.path.isfile(summary):
+        stacks = sorted(glob.glob(os.path.join(glob.escape(log_dir), "stacks-a*.txt")))
+        saved = f"its stacks at the hang: {', '.join(stacks)}; " if stacks else ""
+        return AgentError(
+            f"the job of {log_dir} has finished: {saved}its summary: {summary}",
+            ExitCode.RENDEZVOUS,
+        )
+    if not os.path.isdir(log_dir):
+        return AgentError(f"{log_dir} is not a directory: pass the job's log dir (--log-dir)")
+    return AgentError(
+        f"{log_dir} has no control.json (node 0 writes it while the job runs) and no "
+        "summary.json: the job has not started yet, or this is not a job's log dir",
+        ExitCode.RENDEZVOUS,
+    )
+
+
+def _control(log_dir: str | None) -> str | None:
+    return None if log_dir is None else os.path.join(log_dir, "control.json")

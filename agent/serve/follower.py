@@ -20,7 +20,7 @@ from agent.node.signals import Interrupted
 from agent.node.stage import Stage
 from agent.run.node_run import Session
 from agent.run.warm_source import WarmSource
-from agent.serve.relay import ChannelOut
+from agent.serve.relay import ChannelOut, forward_logs
 
 log = logging.getLogger("agent")
 
@@ -39,13 +39,14 @@ def follow(agent: NodeAgent, warm: WarmSource, read_topology: Callable[[str], An
         from agent.console.view import Sinks
 
         sinks = Sinks(ChannelOut(feed, 1, number), ChannelOut(feed, 2, number))
-        try:
-            session.execute(number, None, read_topology, warm=warm, sinks=sinks)
-        except PeerFailed as exc:
-            log.warning("run %d ended: %s", number, exc.message)
-        except AgentError as exc:  # ours (a missing script here, say): everyone must hear of it
-            log.error("run %d: %s", number, exc.message)
-            _report(agent, exc.message)
+        with forward_logs(feed, agent.world.host, logging.WARNING, number):
+            try:
+                session.execute(number, None, read_topology, warm=warm, sinks=sinks)
+            except PeerFailed as exc:
+                log.warning("run %d ended: %s", number, exc.message)
+            except AgentError as exc:  # ours (a missing script here, say): all must hear of it
+                log.error("run %d: %s", number, exc.message)
+                _report(agent, exc.message)
         if agent.signals.received is not None:
             raise Interrupted(agent.signals.received)
         agent.phase = None  # between runs our own trouble is a departure, not a run's failure

@@ -148,15 +148,20 @@ class Leader:
         self.answered.wait(120.0)
 
     def _feed(self, channel: wire.Channel, first: dict[str, Any]) -> None:
-        """Another agent's console lines for the active run, relayed to that run's client."""
+        """Another agent's console lines and warnings for the active run, relayed to that run's
+        client."""
         while True:
             message = channel.recv(None)
             if message is None:
                 return
             with self._lock:
                 active = self.active
-            if active is not None and message.get("run") == active.run and "out" in message:
+            if active is None or message.get("run") != active.run:
+                continue
+            if "out" in message:
                 _send(active.channel, {"out": message["out"], "fd": message.get("fd", 1)})
+            elif isinstance(message.get("log"), str):  # its warnings: why it tears down
+                _send(active.channel, {"log": message["log"]})
 
     def status(self) -> dict[str, Any]:
         agent, world = self.agent, self.agent.world

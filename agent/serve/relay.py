@@ -1,7 +1,8 @@
 """A resident run's console goes to the client that asked for it, not to the agents' terminals.
 
 Node 0 writes its ranks' lines straight into the client's channel; every other node sends its
-lines to node 0 over its feed (a channel of its own, opened once), and node 0 relays them. The
+lines, and its own warnings (why it tears down), to node 0 over its feed (a channel of its own,
+opened once), and node 0 relays them. The
 router's console thread is the only writer of each, and it drops lines rather than block a rank
 when the client is slow (agent.console.router), so a stalled client never stalls a run.
 """
@@ -44,22 +45,32 @@ class ChannelOut:
 
 
 class _ToClient(logging.Handler):
-    def __init__(self, channel: wire.Channel, host: str) -> None:
-        super().__init__(logging.INFO)
-        self.channel = channel
+    def __init__(self, channel: wire.Channel, host: str, level: int, run: int | None) -> None:
+        super().__init__(level)
+        self.channel, self.run = channel, run
         tagged(self, f"agent {host}")
 
     def emit(self, record: logging.LogRecord) -> None:
+        message: dict[str, Any] = {"log": self.format(record)}
+        if self.run is not None:
+            message["run"] = self.run
         try:
-            self.channel.send({"log": self.format(record)})
+            self.channel.send(message)
         except Exception:
             pass
 
 
 @contextlib.contextmanager
-def forward_logs(channel: wire.Channel, host: str) -> Iterator[None]:
-    """Node 0's own messages during a run (teardown reasons, the report) reach the client."""
-    handler = _ToClient(channel, host)
+def forward_logs(
+    channel: wire.Channel | None, host: str, level: int = logging.INFO, run: int | None = None
+) -> Iterator[None]:
+    """This agent's own messages during a run reach the client: node 0's straight into the
+    client's channel (teardown reasons, the report), another node's warnings (its teardown
+    reason) over its feed, tagged with the run, for node 0 to relay."""
+    if channel is None:
+        yield
+        return
+    handler = _ToClient(channel, host, level, run)
     logger = logging.getLogger("agent")
     logger.addHandler(handler)
     try:

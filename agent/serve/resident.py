@@ -77,7 +77,8 @@ def _lead(agent: NodeAgent, leader: Leader, warm: WarmSource, environ: dict[str,
     w = agent.world
     path = connection.path_for(environ, Path.home(), w.job_id or "local")
     connection.write(path, connection.record_for(w, endpoint.port))
-    log.info("serving %d node(s); clients: python -m agent run|status|down (%s)", w.agents, path)
+    clients = connection.client_command(environ, Path.home(), path)
+    log.info("serving %d node(s); clients: %s", w.agents, clients)
     try:
         client = leader.loop()
         _stop_everyone(agent, leader, "stopped by `agent down`")
