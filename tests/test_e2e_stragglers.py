@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 
 import pytest
-from cluster import FIXTURE
+from cluster import FIXTURE, base_env
 
 pytestmark = pytest.mark.e2e
 
@@ -20,7 +22,16 @@ def _steps(cluster_factory, *fixture: str):
     return cluster
 
 
-def test_a_slow_node_is_named_a_straggler(cluster_factory):
+def _logs_summary(cluster, tmp_path) -> str:
+    shown = subprocess.run(
+        [sys.executable, "-m", "agent", "logs", str(cluster.log_dir), "--summary"],
+        env=base_env(tmp_path), capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert shown.returncode == 0, shown.stderr
+    return shown.stdout
+
+
+def test_a_slow_node_is_named_a_straggler(cluster_factory, tmp_path):
     cluster = _steps(cluster_factory, "--steps", "30", "--step-time", "0.2", "--slow-node", "1")
     console = cluster.agents[0].stdout() + cluster.agents[0].stderr()
     found = re.search(r"straggler: node 1 \(127\.0\.0\.2\) steps in .* at step (\d+)", console)
@@ -34,14 +45,17 @@ def test_a_slow_node_is_named_a_straggler(cluster_factory):
     (entry,) = stragglers
     assert entry["median"] > 1.5 * entry["job_median"] > 0
     assert 0.15 < entry["job_median"] < 0.3 and 0.3 < entry["median"] < 0.6  # seconds per step
+    assert "ended" not in console and "straggler no more" not in console  # once, not flapping
+    assert "straggler in attempt 0: node 1 (127.0.0.2) at 0." in _logs_summary(cluster, tmp_path)
 
 
-def test_equal_ranks_name_no_straggler(cluster_factory):
+def test_equal_ranks_name_no_straggler(cluster_factory, tmp_path):
     cluster = _steps(cluster_factory, "--steps", "20", "--step-time", "0.2")
     console = "".join(a.stdout() + a.stderr() for a in cluster.agents)
     assert "straggler" not in console, cluster.dump()
     summary = cluster.summary()
     assert summary["stragglers"] == [] and summary["attempts"][0]["progressed"] is True
+    assert "straggler" not in _logs_summary(cluster, tmp_path)
 
 
 def test_restart_loop_guard_stops_after_two_attempts_without_progress(cluster_factory):

@@ -176,3 +176,77 @@ def test_options_defaults():
     options = resolve({}, {})
     assert options.straggler_factor == 1.5 and options.restart_without_progress is False
     assert resolve({}, {"straggler_factor": 3}).straggler_factor == 3.0
+
+
+def _pace_pair(factor: float = 1.5):
+    """Node 0 and node 1's PaceWatch over one in-process store, each with its own clocks."""
+    from agent.node.local_store import LocalStore
+    from agent.node.scope import Scope
+    from agent.node.store import Endpoint, Store
+    from agent.node.trust import JobKeys
+    from agent.run.pace import PaceWatch
+
+    store = Store(LocalStore(), Endpoint("127.0.0.1", 1), "t/")
+    keys = JobKeys.derive(b"pace-test", "job", "0")
+    clocks = [{0: StepClock(), 1: StepClock()}, {2: StepClock(), 3: StepClock()}]
+    watches = [
+        PaceWatch(
+            Scope(store, "r0/a0", node, keys),
+            lambda node=node: clocks[node],
+            agents=[0, 1],
+            agent=node,
+            node_rank=node,
+            host=f"h{node}",
+            factor=factor,
+            leader=node == 0,
+            attempt=0,
+        )
+        for node in (0, 1)
+    ]
+    return watches, clocks
+
+
+def _step(clocks, node: int, seconds: float, steps: int, start: float) -> None:
+    for clock in clocks[node].values():
+        for n in range(steps):
+            clock.tick(n, start + n * seconds)
+
+
+def test_pace_watch_names_a_slow_node_once_and_its_end(caplog):
+    watches, clocks = _pace_pair()
+    _step(clocks, 0, 0.2, 6, 0.0)
+    _step(clocks, 1, 0.4, 6, 0.0)
+    caplog.set_level("WARNING", logger="agent")
+    for now in (10.0, 10.5, 11.0):  # node 1 posts first, then node 0 posts and judges
+        watches[1].tick(now)
+        watches[0].tick(now)
+    said = [r.getMessage() for r in caplog.records]
+    assert said == [
+        "straggler: node 1 (h1) steps in 0.4 s, the job's median is 0.2 s (2x) at step 5"
+    ]
+    for clock in clocks[1].values():  # node 1 catches up: twenty fast steps
+        for n in range(6, 26):
+            clock.tick(n, 2.0 + (n - 5) * 0.2)
+    watches[1].tick(12.0)
+    watches[0].tick(12.0)
+    said = [r.getMessage() for r in caplog.records]
+    assert said[1:] == ["straggler no more: node 1 (h1) keeps the job's pace again"]
+    (episode,) = watches[0].close()
+    assert (episode["node_rank"], episode["rank"], episode["attempt"]) == (1, None, 0)
+    assert episode["median"] == pytest.approx(0.4) and episode["job_median"] == pytest.approx(0.2)
+    assert episode["until"] >= episode["since"]
+    assert watches[1].close() == []  # only node 0 judges
+
+
+def test_pace_watch_posts_only_when_a_rank_stepped():
+    watches, clocks = _pace_pair()
+    scope = watches[1].scope
+    watches[1].tick(1.0)
+    assert scope.get_if("pace/1", "pace") is None  # no steps yet: nothing posted
+    _step(clocks, 1, 0.3, 4, 0.0)
+    watches[1].tick(2.0)
+    first = scope.get_if("pace/1", "pace")
+    assert first["node_rank"] == 1 and [r[0] for r in first["ranks"]] == [2, 3]
+    scope.put("pace/1", {"marker": True})
+    watches[1].tick(3.0)  # nothing new since: the record is left alone
+    assert scope.get_if("pace/1", "pace") == {"marker": True}

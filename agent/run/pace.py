@@ -46,6 +46,7 @@ class PaceWatch:
         self.active: list[Straggler] = []
         self.episodes: list[dict[str, Any]] = []  # node 0: every straggler episode, in order
         self._open: dict[tuple[int, int | None], dict[str, Any]] = {}
+        self._seen: set[int] = set()  # node 0: agents whose pace record exists
 
     def tick(self, now: float | None = None) -> None:
         now = time.monotonic() if now is None else now
@@ -64,7 +65,7 @@ class PaceWatch:
     def _post(self) -> None:
         ranks = []
         for rank, clock in sorted(self.clocks().items()):
-            durations = list(clock.durations)
+            durations = clock.durations.copy()  # one C call: the reader thread may append
             if durations:
                 ranks.append([rank, statistics.median(durations), len(durations), clock.step])
         seen = tuple((r[0], r[2], r[3]) for r in ranks)
@@ -76,8 +77,7 @@ class PaceWatch:
 
     def _look(self) -> None:
         paces = []
-        for agent in self.agents:
-            record = self.scope.get_if(f"pace/{agent}", "pace record") or {}
+        for record in self._records():
             node, host = record.get("node_rank"), str(record.get("host"))
             for rank, median, steps, step in record.get("ranks", []):
                 paces.append(RankPace(rank, node, host, median, steps, step))
@@ -93,6 +93,21 @@ class PaceWatch:
         for s in pace.stragglers:  # the latest numbers of every open episode
             self._open[s.key].update(s.to_json())
         self.active = list(pace.stragglers)
+
+    def _records(self) -> list[dict[str, Any]]:
+        """Every node's latest pace record: one round trip once each has posted (a key, once
+        there, stays for the attempt); until then one existence check per node still silent."""
+        store = self.scope.store
+        for agent in self.agents:
+            if agent not in self._seen and store.exists(self.scope.key(f"pace/{agent}")):
+                self._seen.add(agent)
+        names = [f"pace/{agent}" for agent in self.agents if agent in self._seen]
+        keys = [self.scope.key(name) for name in names]
+        values = store.multi_get(keys, present=True) if keys else []
+        return [
+            self.scope.keys.unseal(value, key, "pace record")
+            for key, value in zip(keys, values, strict=True)
+        ]
 
     def close(self) -> list[dict[str, Any]]:
         """Node 0, at the attempt's end: every episode, the open ones ended now."""

@@ -181,9 +181,13 @@ def straggler_line(entry: Mapping[str, Any]) -> str:
         else f"rank {rank} on {entry.get('host')} (node {entry.get('node_rank')})"
     )
     return (
-        f"straggler in attempt {entry.get('attempt')}: {what} at {entry.get('median')} s/step, "
-        f"the job's median {entry.get('job_median')} s/step"
+        f"straggler in attempt {entry.get('attempt')}: {what} at {_secs(entry.get('median'))} "
+        f"s/step, the job's median {_secs(entry.get('job_median'))} s/step"
     )
+
+
+def _secs(value: Any) -> str:
+    return f"{value:.3g}" if isinstance(value, (int, float)) else str(value)
 
 
 def cause_line(cause: Mapping[str, Any]) -> str:
