@@ -229,6 +229,7 @@ BAD_NUMBERS = {
     "spares": [-1, 1_000_001, 10**30],
     "min_nodes": [-1, 1_000_001, 10**30],
     "health_timeout": [math.nan, math.inf, -math.inf, 0.0, -1.0, 86401.0, 1e300],
+    "straggler_factor": [math.nan, math.inf, -math.inf, 1.0, 0.5, -2.0, 1000.5, 1e300],
     "min_free_mib": [-1, (1 << 40) + 1, 10**30],
 }
 GOOD_NUMBERS = {
@@ -245,6 +246,7 @@ GOOD_NUMBERS = {
     "spares": [0, 1, 1_000_000],
     "min_nodes": [0, 2, 1_000_000],
     "health_timeout": [0.001, 60, 86400.0],
+    "straggler_factor": [1.01, 1.5, 2, 1000.0],
     "min_free_mib": [0, 64, 1 << 40],
 }
 

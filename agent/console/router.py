@@ -17,9 +17,9 @@ import queue
 import selectors
 import threading
 import time
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
-from agent.console.stream import Stream, StreamState
+from agent.console.stream import StepClock, Stream, StreamState
 from agent.plan.options import ProgressPattern
 
 _READ = 1 << 20
@@ -39,6 +39,8 @@ class LogRouter:
         progress: ProgressPattern | None = None,
     ) -> None:
         self._progress = progress
+        self._step_group = _step_group(progress)  # RE2 names groups in bytes
+        self._clocks: dict[int, StepClock] = {}
         self._targets = {"out": console_out, "err": console_err}
         self._selector = selectors.DefaultSelector()
         self._wake_r, self._wake_w = os.pipe()
@@ -65,6 +67,7 @@ class LogRouter:
                 fcntl.fcntl(pipe_fd, fcntl.F_SETPIPE_SZ, _PIPE_SIZE)
         state = StreamState(stream, file_fd, self._progress)
         with self._lock:
+            state.clock = self._clocks.setdefault(stream.rank, state.clock)
             self._pending.append((pipe_fd, state))
             self._states.append(state)
         os.write(self._wake_w, b"x")
@@ -104,8 +107,13 @@ class LogRouter:
         self._to_file(state, data)
         state.bytes += len(data)
         state.last_output = time.monotonic()
-        if self._progress is None or self._progress.search(data):
+        if self._progress is None:
             state.last_progress = state.last_output
+        else:
+            found = self._progress.search(data)
+            if found is not None:
+                state.last_progress = state.last_output
+                state.clock.tick(self._step_of(found), state.last_output)
         if state.stream.name == "err":
             self._keep_tail(state, data)
         if state.stream.to_console:
@@ -216,7 +224,25 @@ class LogRouter:
             )
         self._targets["err"].flush()
 
+    def _step_of(self, found: Any) -> int | None:
+        if self._step_group is None:
+            return None
+        try:
+            value = found.group(self._step_group)
+            return int(value) if value is not None and len(value) <= 18 else None
+        except (ValueError, IndexError):
+            return None
+
     # -- queries and shutdown -------------------------------------------------------------
+    def clocks(self) -> dict[int, StepClock]:
+        """Each rank's step clock (read from other threads: a clock's fields are replaced whole)."""
+        with self._lock:
+            return dict(self._clocks)
+
+    def progressed(self) -> bool:
+        """Whether any rank printed a progress line (--progress-regex) since this router began."""
+        return any(c.lines for c in self.clocks().values())
+
     def close(self, timeout: float = 5.0) -> None:
         """Wait for every pipe to reach EOF (bounded), then flush the console."""
         deadline = time.monotonic() + timeout
@@ -231,3 +257,9 @@ class LogRouter:
         for target in self._targets.values():
             with contextlib.suppress(OSError, ValueError):
                 target.flush()
+
+
+def _step_group(progress: ProgressPattern | None) -> int | None:
+    """The index of the group named `step` when the pattern has one (its number times steps)."""
+    names = getattr(progress, "groupindex", None) or {}
+    return names.get(b"step", names.get("step"))

@@ -20,6 +20,31 @@ class Stream:
     to_console: bool
 
 
+STEPS_KEPT = 20  # step durations a rank keeps: its median is over these
+
+
+class StepClock:
+    """One rank's recent step times, from the moments its progress lines arrive (bounded: the
+    last STEPS_KEPT durations). With a `step` number in the line, a gap of several steps counts
+    as that many steps of equal length; a number that does not grow restarts the clock."""
+
+    def __init__(self) -> None:
+        self.durations = collections.deque[float](maxlen=STEPS_KEPT)
+        self.step: int | None = None
+        self.when: float | None = None
+        self.lines = 0  # progress lines (chunks with a match) seen
+
+    def tick(self, step: int | None, when: float) -> None:
+        """O(1): one progress line at `when` (monotonic seconds)."""
+        self.lines += 1
+        if self.when is not None and step is not None and self.step is not None:
+            if step > self.step:
+                self.durations.append((when - self.when) / (step - self.step))
+        elif self.when is not None and step is None:
+            self.durations.append(when - self.when)
+        self.step, self.when = step, when
+
+
 class StreamState:
     def __init__(self, stream: Stream, file_fd: int, progress: ProgressPattern | None) -> None:
         self.stream = stream
@@ -33,6 +58,7 @@ class StreamState:
         self.bytes = 0
         self.lost = 0  # bytes the file could not take (a full disk): the pipe is drained anyway
         self.lost_why = ""
+        self.clock = StepClock()  # the router gives a rank's two streams one clock
         # Nothing to look at in the bytes (stdout, console off): move them pipe → file in the kernel.
         self.splice = stream.name == "out" and not stream.to_console and hasattr(os, "splice")
         self.splice = self.splice and progress is None  # a pattern must see the bytes

@@ -13,7 +13,7 @@ from agent.errors import AgentError
 from agent.logs.logdir import check_dir, read_json
 from agent.logs.selection import LogsCommand, Selection, safe_text, selected
 from agent.plan.ranks import FR_DUMP_PREFIX
-from agent.run.summary import cause_line
+from agent.run.summary import cause_line, straggler_line
 
 
 def summary_view(summary: Mapping[str, Any], selection: Selection) -> list[Any]:
@@ -42,6 +42,9 @@ def summary_view(summary: Mapping[str, Any], selection: Selection) -> list[Any]:
         if isinstance(earlier, dict):
             line = f"attempt {safe_text(attempt.get('attempt'))}: {safe_text(cause_line(earlier))}"
             view.append(Text(line, style="yellow"))
+    for entry in _listed(summary.get("stragglers"))[:20]:
+        if isinstance(entry, dict):
+            view.append(Text(safe_text(straggler_line(entry)), style="yellow"))
     job = summary.get("job")
     if isinstance(job, dict):
         facts = ("id", "step", "source", "nnodes", "world_size", "nproc_per_node", "log_dir")

@@ -102,6 +102,24 @@ OPTIONS: tuple[Option, ...] = (
         "output)",
     ),
     Option(
+        "straggler_factor",
+        float,
+        1.5,
+        "with --progress-regex (a group named `step` numbers the steps): a rank or node whose "
+        "median step time (its last 20 steps) exceeds this many times the job's median is "
+        "named a straggler",
+        low=1,
+        high=1000,
+        above=True,
+    ),
+    Option(
+        "restart_without_progress",
+        bool,
+        False,
+        "with --max-restarts and --progress-regex: restart even when this attempt and the one "
+        "before both failed before any progress line (default: stop, exit 5)",
+    ),
+    Option(
         "cold",
         bool,
         False,

@@ -50,6 +50,8 @@ class Options:
     hang_warning: float = _default("hang_warning")
     hang_timeout: float = _default("hang_timeout")
     progress_regex: str | None = _default("progress_regex")
+    straggler_factor: float = _default("straggler_factor")
+    restart_without_progress: bool = _default("restart_without_progress")
     cold: bool = _default("cold")
     preload: str = _default("preload")
     sysfs_root: str = _default("sysfs_root")
@@ -128,6 +130,8 @@ def _check_range(option: Option, value: float, what: str) -> None:
     unit = {int: "an integer", float: "a number of seconds"}[option.kind]
     if option.name == "max_config_bytes":
         unit = "a number of bytes"
+    if option.name == "straggler_factor":
+        unit = "a factor"
     raise AgentError(_out_of_range(what, number_text(value), f"{unit} {option.range_text()}"))
 
 

@@ -18,6 +18,7 @@ from agent.plan.rank_set import format_ranges
 from agent.plan.roster import Roster, seated
 from agent.plan.run_plan import seat_specs
 from agent.run import workers
+from agent.run.pace import PaceWatch
 from agent.run.prepare import Prepared
 from agent.run.supervisor import Outcome, Supervisor
 from agent.world import World
@@ -74,6 +75,8 @@ def run_ranks(
     if early is not None:
         self.events.put(AbortSeen(stage, early))
     console = ConsoleView(plan.options, self.sinks)
+    pace = _pace_watch(plan, scope, console, attempt, world, roster.nodes)
+    sup.pace = pace
     warm = self.warm if self.warm is not None and self.warm.enabled else None
     warm = None if plan.options.cold else warm
 
@@ -110,6 +113,9 @@ def run_ranks(
             desk.end()
         console.close()
     outcome.warnings += console.router.losses()
+    outcome.progressed = console.router.progressed()
+    if pace is not None and pace.leader:
+        outcome.stragglers = pace.close()
     keep = self.warm.pids() if self.warm is not None else ()
     escaped = workers.reap_escaped(min(plan.options.grace, 5.0), keep)
     if escaped:
@@ -133,6 +139,24 @@ def _hang_watch(plan: Any, scope: Scope, desk: StackDesk, attempt: int, w: World
         attempt=attempt,
         node_rank=w.node_rank,
         host=w.host,
+    )
+
+
+def _pace_watch(
+    plan: Any, scope: Scope, console: ConsoleView, attempt: int, w: World, agents: Any
+) -> PaceWatch | None:
+    if plan.options.progress_regex is None:
+        return None
+    return PaceWatch(
+        scope,
+        console.router.clocks,
+        agents=list(agents),
+        agent=w.agent_index,
+        node_rank=w.node_rank,
+        host=w.host,
+        factor=plan.options.straggler_factor,
+        leader=w.agent_index == 0,
+        attempt=attempt,
     )
 
 

@@ -31,7 +31,7 @@ from agent.run.prepare import Prepared, replanned
 from agent.run.roll_call import roll_call
 from agent.run.summary import build_summary, job_record, render_report
 from agent.run.supervisor import Outcome
-from agent.run.verdict import Verdict, judge
+from agent.run.verdict import Verdict, guard_loop, judge
 from agent.run.warm_source import WarmSource
 from agent.world import World
 
@@ -107,7 +107,7 @@ class Attempts:
                     return _signal_code(outcome) or int(ExitCode.RENDEZVOUS)
                 scope.put(f"result/{me}", _result(outcome))
                 if leader:
-                    decision = self._decide(prepared, scope, attempt, roster, history, lineup)
+                    decision = self._decide(prepared, scope, attempt, roster, history, outcome)
                 else:
                     decision = scope.get("verdict", "verdict")
             if decision.get("restart") and (outcome is None or outcome.signum is None):
@@ -123,12 +123,22 @@ class Attempts:
         attempt: int,
         roster: Roster,
         history: list[dict[str, Any]],
-        lineup: Lineup,
+        outcome: Outcome,
     ) -> dict[str, Any]:
         """Node 0: judge the attempt, tell everyone, write the summary when it is the last."""
         options = prepared.plan.options
-        verdict = self._judge(scope, attempt, roster, options)
-        history.append({**verdict.record, **_seated_record(self.seatings, attempt)})
+        verdict, progressed = self._judge(scope, attempt, roster, options)
+        if options.progress_regex is not None and not options.restart_without_progress:
+            before = [bool(a.get("progressed")) for a in history]
+            verdict = guard_loop(verdict, [*before, progressed])
+        history.append(
+            {
+                **verdict.record,
+                **_seated_record(self.seatings, attempt),
+                "progressed": progressed,
+                "stragglers": outcome.stragglers,
+            }
+        )
         decision = {"restart": verdict.restart, "code": verdict.code}
         if verdict.restart:
             log.warning(
@@ -144,15 +154,19 @@ class Attempts:
         scope.close()  # wakes every abort watcher of this attempt
         return decision
 
-    def _judge(self, scope: Scope, attempt: int, roster: Roster, options: Any) -> Verdict:
+    def _judge(
+        self, scope: Scope, attempt: int, roster: Roster, options: Any
+    ) -> tuple[Verdict, bool]:
+        """The verdict, and whether any rank made progress (a --progress-regex line)."""
         # Waits for every node's result; a lost node's is written by node 0's heartbeat monitor.
         results = scope.get_all([f"result/{i}" for i in roster.nodes], "result")
         failures = [r["failure"] for r in results if r.get("failure")]
         failures += self.lost_results(scope)
         lost = [a for a, r in zip(roster.nodes, results, strict=True) if r.get("lost")]
-        return judge(
+        verdict = judge(
             attempt, results, failures, options.max_restarts, _replaceable(roster, lost, options)
         )
+        return verdict, any(r.get("progressed") for r in results)
 
     def _stand_by(self, scope: Scope, prepared: Prepared, attempt: int) -> dict[str, Any]:
         """A spare: no ranks; wait for the attempt's verdict (a signal or node 0's loss ends the
@@ -221,6 +235,7 @@ def _result(outcome: Outcome) -> dict[str, Any]:
         "refused": outcome.refused,
         "warnings": outcome.warnings,
         "failure": outcome.failure,
+        "progressed": outcome.progressed,
     }
 
 

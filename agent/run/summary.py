@@ -134,6 +134,7 @@ def build_summary(
         "exit_code": exit_code,
         "root_cause": last.get("root_cause", cause),
         "excluded": [dict(e) for e in excluded],
+        "stragglers": [dict(s) for a in attempts for s in a.get("stragglers") or []],
         "attempts": list(attempts),
     }
 
@@ -149,6 +150,7 @@ def render_report(summary: Mapping[str, Any]) -> str:
     head = f"job {summary['status']} (exit {summary['exit_code']}) after {len(attempts)} attempt(s): {tally}"
     cause = summary.get("root_cause")
     lines = [head] + [excluded_line(e) for e in (summary.get("excluded") or [])[:20]]
+    lines += [straggler_line(s) for s in (summary.get("stragglers") or [])[:20]]
     if not cause:
         return "\n".join(lines)
     lines.append("root cause: " + cause_line(cause))
@@ -170,8 +172,29 @@ def excluded_line(exclusion: Mapping[str, Any]) -> str:
     return line + "".join(f"\n    {text}" for text in output[-5:])
 
 
+def straggler_line(entry: Mapping[str, Any]) -> str:
+    """One summary.json `stragglers` entry: shared by the report and `agent logs --summary`."""
+    rank = entry.get("rank")
+    what = (
+        f"node {entry.get('node_rank')} ({entry.get('host')})"
+        if rank is None
+        else f"rank {rank} on {entry.get('host')} (node {entry.get('node_rank')})"
+    )
+    return (
+        f"straggler in attempt {entry.get('attempt')}: {what} at {_secs(entry.get('median'))} "
+        f"s/step, the job's median {_secs(entry.get('job_median'))} s/step"
+    )
+
+
+def _secs(value: Any) -> str:
+    return f"{value:.3g}" if isinstance(value, (int, float)) else str(value)
+
+
 def cause_line(cause: Mapping[str, Any]) -> str:
     """One line naming the failure: shared by the agent's report and `agent logs --summary`."""
+    if cause.get("kind") == "no_progress":
+        failure = cause.get("failure")
+        return str(cause.get("how")) + (f" (last: {cause_line(failure)})" if failure else "")
     if cause.get("kind") == "rank":
         return f"rank {cause.get('rank')} on {cause.get('host')} (node {cause.get('node_rank')}) {cause.get('how')}"
     return f"node {cause.get('node_rank')} ({cause.get('host')}): {cause.get('how')}"

@@ -30,6 +30,8 @@ class Outcome:
     store_lost: str | None = None
     refused: str | None = None
     warnings: list[str] = field(default_factory=list)
+    progressed: bool = False  # a rank printed a --progress-regex line in this attempt
+    stragglers: list[dict[str, Any]] = field(default_factory=list)  # node 0: the episodes
 
 
 class Supervisor:
@@ -50,9 +52,11 @@ class Supervisor:
         hang_warning: float,
         processes: w.Processes | None = None,
         hang: Any = None,  # agent.hang.watch.HangWatch when --hang-timeout is set
+        pace: Any = None,  # agent.run.pace.PaceWatch when --progress-regex is set
         slurm_signals_ranks: bool = False,  # agent.world.proctrack: the ranks have it already
     ) -> None:
         self.hang = hang
+        self.pace = pace
         self.slurm_signals_ranks = slurm_signals_ranks
         self.specs = specs
         self.procs = processes or w.Processes()
@@ -102,6 +106,8 @@ class Supervisor:
                 self.procs.kill(self._stragglers)
                 self._deadline = float("inf")
             self._check_hangs()
+            if self.pace is not None and self._deadline is None:
+                self.pace.tick()
             self.outcome.warnings += self.bindings.verify(self.workers)
             return None
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import signal
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from agent.errors import ExitCode
@@ -58,6 +58,27 @@ def judge(
         "warnings": [w for r in results for w in r.get("warnings") or []][:1000],
     }
     return Verdict(int(code), restart, cause, record)
+
+
+def guard_loop(verdict: Verdict, progressed: Sequence[bool]) -> Verdict:
+    """The restart loop guard: `progressed` says, per attempt so far (this one last), whether
+    any rank printed a progress line. A restart after two attempts in a row without one is
+    called off: the job ends with ExitCode.NO_PROGRESS, the guard as its root cause (the
+    attempt's own failure kept under "failure")."""
+    if not verdict.restart or len(progressed) < 2 or any(progressed[-2:]):
+        return verdict
+    k = len(progressed) - 1
+    cause: dict[str, Any] = {
+        "kind": "no_progress",
+        "how": f"no progress in attempts {k - 1} and {k}; not restarting",
+        "attempts": [k - 1, k],
+    }
+    if verdict.root_cause:
+        cause["failure"] = dict(verdict.root_cause)
+    record = {**verdict.record, "root_cause": cause}
+    return replace(
+        verdict, code=int(ExitCode.NO_PROGRESS), restart=False, root_cause=cause, record=record
+    )
 
 
 def _stop_signal(
