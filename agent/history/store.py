@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import sqlite3
 import stat
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -103,12 +105,40 @@ def append(
 def _append_at(
     path: Path, record: JobRecord, private: bool, uid: int, cap: int, busy: float
 ) -> None:
+    """One append, tried again while another job holds the database, for up to `busy` seconds:
+    SQLite's own busy handler does not cover every case (switching a new database to WAL while
+    another connection creates it answers "locked" at once)."""
     _make_dir(path.parent, private, uid)
+    deadline = time.monotonic() + busy
+    pause = 0.01
+    while True:
+        try:
+            _append_once(path, record, cap, max(deadline - time.monotonic(), 0.05))
+            return
+        except sqlite3.OperationalError as exc:
+            if not _busy(exc) or time.monotonic() >= deadline:
+                raise
+        time.sleep(pause * (1 + random.random()))  # backoff with jitter: the other job commits
+        pause = min(pause * 2, 0.2)
+
+
+def _busy(exc: sqlite3.OperationalError) -> bool:
+    code = getattr(exc, "sqlite_errorcode", None)  # Python 3.11+
+    if code is not None:
+        return code & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+    return "locked" in str(exc) or "busy" in str(exc)
+
+
+def _append_once(path: Path, record: JobRecord, cap: int, busy: float) -> None:
     con = sqlite3.connect(str(path), timeout=busy, isolation_level=None)
     try:
         # WAL's shared memory index is per host: on a network filesystem several nodes' jobs
         # would corrupt it, so there the rollback journal (fcntl locks; none: the fallback).
-        con.execute(f"PRAGMA journal_mode={'DELETE' if _on_network(path.parent) else 'WAL'}")
+        # Switched only when it differs: the switch needs the database to itself.
+        mode = "delete" if _on_network(path.parent) else "wal"
+        (current,) = con.execute("PRAGMA journal_mode").fetchone()
+        if str(current).lower() != mode:
+            con.execute(f"PRAGMA journal_mode={mode.upper()}")
         con.execute("BEGIN IMMEDIATE")
         for statement in _SCHEMA:
             con.execute(statement)
