@@ -174,7 +174,7 @@ def test_nothing_answering_names_the_file_and_who_wrote_it(agent):
     )
     assert (target.path, target.pid, target.hostname) == (agent.path, 4321, "node-zero")
     with pytest.raises(AgentError) as excinfo:
-        client.open_channel(target, agent.env, agent.home, timeout=5.0)
+        client.open_channel(target, agent.env, agent.home, timeout=5.0, retry_for=1.0)
     message = excinfo.value.message
     assert excinfo.value.code == ExitCode.RENDEZVOUS and "\n" not in message
     assert message.startswith(f"no resident agents answer at 127.0.0.1:{agent.port}")

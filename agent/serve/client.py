@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, TextIO
 
 from agent.control import connection
-from agent.control.wire import Channel, WireError, connect_retrying, unpack_bytes
+from agent.control.wire import RETRY_FOR, Channel, WireError, connect_retrying, unpack_bytes
 from agent.errors import AgentError, ExitCode
 from agent.node.signing import load_secret
 from agent.node.trust import JobKeys
@@ -58,14 +58,18 @@ def locate(environ: Mapping[str, str], home: Path, explicit: str | None) -> Targ
 
 
 def open_channel(
-    target: Target, environ: Mapping[str, str], home: Path, timeout: float = 10.0
+    target: Target,
+    environ: Mapping[str, str],
+    home: Path,
+    timeout: float = 10.0,
+    retry_for: float = RETRY_FOR,
 ) -> Channel:
     """Connect and prove the job's secret, trying again for a few seconds while node 0 is
     crowded or slow; AgentError (3) saying what was seen when it never answers, (4) on a
     secret mismatch or a server that cannot prove the secret."""
     keys = JobKeys.derive(load_secret(environ, home), target.job, target.step)
     try:
-        return connect_retrying(target.host, target.port, keys.client_key, timeout)
+        return connect_retrying(target.host, target.port, keys.client_key, timeout, retry_for)
     except WireError as exc:
         if exc.code == ExitCode.REFUSED:
             raise
