@@ -103,7 +103,9 @@ def test_a_forged_round_end_leaves_node_0_waiting_only_until_the_rounds_deadline
     evil.set(leader.key("health", 1), b"garbage")  # and its report, forged
     post_health(leader, Health(), 2)
     found: list = []
-    thread = threading.Thread(target=lambda: found.append(gather(leader, [0, 1], set, 0.5)))
+    thread = threading.Thread(
+        target=lambda: found.append(gather(leader, [0, 1], set, 0.5, slack=0.5))
+    )
     thread.daemon = True  # a regression hangs here: the test fails instead of the suite
     thread.start()
     thread.join(REPORT_SLACK + 30)

@@ -58,14 +58,19 @@ def post_health(scope: Scope, health: Health, members: int) -> None:
 
 
 def gather(
-    scope: Scope, members: Sequence[int], lost: Callable[[], Collection[int]], timeout: float
+    scope: Scope,
+    members: Sequence[int],
+    lost: Callable[[], Collection[int]],
+    timeout: float,
+    slack: float = REPORT_SLACK,
 ) -> dict[int, Health | None]:
-    """Node 0: each member's report; None for one that sent none in time (or is lost)."""
-    deadline = time.monotonic() + timeout + REPORT_SLACK
+    """Node 0: each member's report; None for one that sent none in time (or is lost), waited
+    for `timeout` (the members' --health-timeout) plus `slack`."""
+    deadline = time.monotonic() + timeout + slack
     gone = set(lost()) & set(members)
     if gone and scope.store.add(scope.key("reported"), len(gone)) == len(members):
         scope.store.set_bytes(scope.key("health-done"), b"")  # they never report: counted in
-    done = scope.store.wait([scope.key("health-done")], timeout + REPORT_SLACK)
+    done = scope.store.wait([scope.key("health-done")], timeout + slack)
     expect = [i for i in members if i not in gone]
     names = [f"health/{i}" for i in expect]
     # The usual case: one round trip for every report. The counter only wakes: the reports
