@@ -287,11 +287,17 @@ def test_filesystem_of_a_path(path, kind):
     assert store.filesystem_of(MOUNTINFO, path) == kind
 
 
-def test_state_dir_is_the_resident_agents_one(tmp_path):
-    from agent.control import connection
-
-    for environ in ({}, {"AGENT_STATE_DIR": str(tmp_path / "s")}, {"AGENT_STATE_DIR": ""}):
-        assert store.state_dir(environ, tmp_path) == connection.state_dir(environ, tmp_path)
+def test_a_state_dir_others_can_write_is_not_written(tmp_path):
+    """Another user could rewrite what the job records there: the job goes to the fallback,
+    with one warning that says what to run (the same rule as the resident agents' files)."""
+    state = tmp_path / "state"
+    state.mkdir()
+    state.chmod(0o777)
+    warnings: list[str] = []
+    where = _append(state, SUMMARY_RESTART, warnings)
+    assert where == tmp_path / "tmp" / f"launch-agent-{os.getuid()}" / "history.sqlite"
+    assert not (state / "history.sqlite").exists()
+    assert len(warnings) == 1 and "chmod go-w" in warnings[0], warnings
 
 
 def test_history_sits_below_run_serve_launch():

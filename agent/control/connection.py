@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import pwd
 import secrets
 import time
 from collections.abc import Mapping
@@ -21,12 +20,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agent.errors import AgentError, ExitCode
+from agent.world.state_dir import STATE_ENV, dir_problem, state_dir
 
 if TYPE_CHECKING:  # clients read records without importing the world sources
     from agent.world import World
 
-STATE_ENV = "AGENT_STATE_DIR"
-STATE_RELPATH = Path(".cache") / "launch-agent"
 MAX_BYTES = 64 << 10
 MAX_JOB_ID = 128
 START_HINT = "start them with `srun --ntasks-per-node=1 python -m agent serve &`"
@@ -42,48 +40,12 @@ FIELDS: dict[str, tuple[type, ...]] = {
 }
 
 
-def state_dir(environ: Mapping[str, str], home: Path) -> Path:
-    """AGENT_STATE_DIR if set and non-empty, else ~/.cache/launch-agent."""
-    given = environ.get(STATE_ENV)
-    return Path(given).expanduser() if given else home / STATE_RELPATH
-
-
 def path_for(environ: Mapping[str, str], home: Path, job_id: str) -> Path:
     directory = state_dir(environ, home)
     problem = dir_problem(directory)
     if problem:
         raise AgentError(problem, ExitCode.USAGE)
     return directory / f"serve-{_checked_job_id(job_id)}.json"
-
-
-def dir_problem(directory: Path, uid: int | None = None) -> str:
-    """Why a state dir must not be used ('' if it may, or does not exist yet): another user's,
-    or writable by others (either could plant a connection file that sends clients elsewhere)."""
-    uid = os.getuid() if uid is None else uid
-    try:
-        st = os.stat(directory)
-    except OSError:
-        return ""
-    me = _user(uid)
-    if st.st_uid != uid:
-        return (
-            f"state dir {directory} belongs to {_user(st.st_uid)}, not to you ({me}): run "
-            f"`chown {me} {directory}` (as root or its owner), or set {STATE_ENV} to a "
-            "directory of your own"
-        )
-    if st.st_mode & 0o022:
-        return (
-            f"state dir {directory} is writable by others (mode {st.st_mode & 0o7777:o}): run "
-            f"`chmod go-w {directory}`, or set {STATE_ENV} to a directory of your own"
-        )
-    return ""
-
-
-def _user(uid: int) -> str:
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return f"uid {uid}"
 
 
 def record_for(world: World, port: int, run: int | None = None) -> dict[str, Any]:

@@ -27,9 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agent.history.record import AttemptRecord, JobRecord
+from agent.world.state_dir import dir_problem, state_dir
 
-STATE_ENV = "AGENT_STATE_DIR"  # the same variable and default as agent.control.connection
-STATE_RELPATH = Path(".cache") / "launch-agent"
 FILE_NAME = "history.sqlite"
 ROW_CAP = 10_000  # jobs kept per database; the oldest beyond it are pruned at each append
 BUSY_TIMEOUT = 5.0  # seconds an append or a read waits for another job's transaction
@@ -55,12 +54,6 @@ class Stored:
 
     run: int
     record: JobRecord
-
-
-def state_dir(environ: Mapping[str, str], home: Path) -> Path:
-    """AGENT_STATE_DIR if set and non-empty, else ~/.cache/launch-agent."""
-    given = environ.get(STATE_ENV)
-    return Path(given).expanduser() if given else home / STATE_RELPATH
 
 
 def history_path(environ: Mapping[str, str], home: Path) -> Path:
@@ -90,6 +83,10 @@ def append(
     where = paths(environ, home, uid)
     problems = []
     for path in where:
+        problem = dir_problem(path.parent, uid)
+        if problem:  # another user could rewrite what this job records: not there
+            problems.append(problem)
+            continue
         try:
             _append_at(path, record, path != where[0], uid, cap, busy)
         except (sqlite3.Error, OSError) as exc:
