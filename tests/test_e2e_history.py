@@ -37,7 +37,13 @@ def test_three_jobs_then_history(cluster_factory, tmp_path):
         cluster = cluster_factory(1).start(args, env=env)
         assert cluster.wait(120) == codes, cluster.dump()
         clusters.append(cluster)
-    user = {**os.environ, "PYTHONPATH": str(REPO), "AGENT_STATE_DIR": str(state)}
+    # TMPDIR: the fallback database `history` also reads is this test's, not the machine's
+    user = {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "AGENT_STATE_DIR": str(state),
+        "TMPDIR": str(tmp_path / "tmp"),
+    }
     listed = history(user, "--json")
     assert listed.returncode == 0, listed.stderr
     by_job = {j["job_id"]: j for j in json.loads(listed.stdout)}
@@ -81,7 +87,8 @@ def test_resident_runs_are_recorded_one_by_one(tmp_path):
         assert serving.call("run", FIXTURE).returncode == 0
         failed = serving.call("run", FIXTURE, "--exit", "5")
         assert failed.returncode == 1, failed.stderr
-        listed = serving.call("history", "--json")
+        # TMPDIR: the fallback database `history` also reads is this test's, not the machine's
+        listed = serving.call("history", "--json", env={"TMPDIR": str(tmp_path / "tmp")})
         assert listed.returncode == 0, listed.stderr
         runs = [(j["job"], j["exit_code"], j["cause"]) for j in json.loads(listed.stdout)]
         assert runs == [

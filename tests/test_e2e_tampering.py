@@ -140,7 +140,9 @@ def test_a_killed_node_is_lost_in_time_while_an_outsider_keeps_its_beat_moving(
         rounds += 1
         assert time.monotonic() - killed < 30, cluster.dump()
     took = time.monotonic() - killed
-    assert took <= timeout + 2, f"lost after {took:.1f}s\n{cluster.dump()}"
+    # Kept alive by the outsider, node 1 would never be lost (the loop's 30 s). Measured 2.8-3.65 s
+    # (BENCHMARKS.md); 5.9 s once in CI with this loop hammering the store on the same 2 cores.
+    assert took <= timeout + 12, f"lost after {took:.1f}s\n{cluster.dump()}"
     assert rounds > 1
     assert cluster.wait(60)[0] != 0
     assert "lost" in cluster.summary()["root_cause"]["how"]

@@ -51,7 +51,12 @@ def test_timeline_of_a_job_with_one_restart(restarted, tmp_path):
     assert failed.findtext(f"{SVG}title").startswith("rank 1 · 127.0.0.1 attempt 0")
     (cause,) = root.findall(f".//{SVG}g[@class='mark cause']")
     assert "rank 1 on 127.0.0.1 (node 0) exit code 9" in cause.findtext(f"{SVG}title")
-    assert len(root.findall(f".//{SVG}rect[@class='bar succeeded']")) == 3  # rank 0 twice, 1 once
+    succeeded = [
+        bar.findtext(f"{SVG}title") for bar in root.findall(f".//{SVG}rect[@class='bar succeeded']")
+    ]
+    # Both ranks of the restart; rank 0 of attempt 0 may have finished before rank 1 failed, or
+    # been torn down by it: the race is the job's, not the picture's.
+    assert sum(" attempt 1" in title for title in succeeded) == 2, succeeded
 
     renderer = shutil.which("chromium") or shutil.which("rsvg-convert")
     if renderer is None:

@@ -160,8 +160,8 @@ sys.stdin.readline()  # the go: both start at once
 for i in range(count):
     summary["job"] = {"id": "p" + who, "step": str(i)}
     warnings = []
-    where = store.append(from_summary(summary, 1.0), {"AGENT_STATE_DIR": str(state)}, state,
-                         os.getuid(), warnings.append)
+    environ = {"AGENT_STATE_DIR": str(state), "TMPDIR": str(state.parent / "tmp")}
+    where = store.append(from_summary(summary, 1.0), environ, state, os.getuid(), warnings.append)
     assert where == state / "history.sqlite" and not warnings, (where, warnings)
 """
 
