@@ -8,6 +8,9 @@ import sys
 
 from agent.errors import AgentError, ExitCode
 
+# Commands other than the launch itself; `python -m agent --help` names each one.
+SUBCOMMANDS = ("logs", "exec", "doctor", "serve", "run", "status", "down", "stacks", "history")
+
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -18,17 +21,7 @@ def main(argv: list[str] | None = None) -> int:
     handler.setFormatter(PrintableFormatter("[agent %(process)d] %(message)s"))
     logging.basicConfig(level=logging.INFO, handlers=[handler])
     try:
-        if argv and argv[0] in (
-            "logs",
-            "exec",
-            "doctor",
-            "serve",
-            "run",
-            "status",
-            "down",
-            "stacks",
-            "history",
-        ):
+        if argv and argv[0] in SUBCOMMANDS:
             return _subcommand(argv[0], argv[1:])
         from agent.launch.cli import parse
 

@@ -45,3 +45,22 @@ def test_ci_runs_the_readme_test_command():
     assert re.search(r"^pip install -q -e '\.\[dev\]'$", ci, re.M)
     assert "system-site-packages" not in ci
     assert re.search(r"^bash scripts/ci/wheel-smoke\.sh ", ci, re.M), "the wheel smoke test runs"
+
+
+def test_help_and_readme_name_every_command_and_exit_code():
+    """`python -m agent --help` lists every subcommand and exit code; the README's exit-code
+    table has a row for each code the agent can return."""
+    from agent.__main__ import SUBCOMMANDS
+    from agent.errors import ExitCode
+
+    shown = subprocess.run(
+        [sys.executable, "-m", "agent", "--help"], capture_output=True, text=True, timeout=60
+    ).stdout
+    for name in SUBCOMMANDS:
+        assert re.search(rf"python -m agent [^\n]*\b{name}\b", shown), name
+    codes = shown.split("Exit codes:", 1)[1]
+    rows = re.findall(r"^\| (\d+|128\+N) \|", (REPO / "README.md").read_text(), re.M)
+    for code in ExitCode:
+        assert re.search(rf"\b{int(code)} ", codes), (code, codes)
+        assert str(int(code)) in rows, (code, rows)
+    assert "128+N" in codes and "128+N" in rows
