@@ -9,7 +9,18 @@ import sys
 from agent.errors import AgentError, ExitCode
 
 # Commands other than the launch itself; `python -m agent --help` names each one.
-SUBCOMMANDS = ("logs", "exec", "doctor", "serve", "run", "status", "down", "stacks", "history")
+SUBCOMMANDS = (
+    "logs",
+    "exec",
+    "doctor",
+    "serve",
+    "run",
+    "status",
+    "down",
+    "stacks",
+    "debug",
+    "history",
+)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -54,6 +65,10 @@ def _subcommand(name: str, argv: list[str]) -> int:
         from agent import doctor
 
         return doctor.main(argv, os.environ)
+    if name == "debug":
+        from agent import debug
+
+        return debug.main(argv, os.environ)
     if name == "history":
         from agent import history
 

@@ -11,6 +11,7 @@ from agent.console.router import PALETTE, LogRouter
 from agent.plan.options import Options, progress_pattern
 from agent.plan.rank_set import parse_rank_set
 from agent.plan.ranks import RankSpec
+from agent.text import printable
 
 
 @dataclass(frozen=True)
@@ -26,6 +27,7 @@ class ConsoleView:
     """One per attempt: a router for the ranks' pipes, and the live table when on a terminal."""
 
     def __init__(self, options: Options, sinks: Sinks | None = None) -> None:
+        self.sinks = sinks
         self.colour = sys.stdout.isatty() if sinks is None else sinks.colour
         self.shown = parse_rank_set(options.console_ranks, "--console-ranks")
         self.live = None
@@ -52,6 +54,16 @@ class ConsoleView:
 
     def shows(self, spec: RankSpec) -> bool:
         return self.shown is None or spec.rank in self.shown
+
+    def note(self, line: str) -> None:
+        """One line of the agent's own on the console (or to the run's client), e.g. a pause."""
+        data = (printable(line) + "\n").encode(errors="replace")
+        stream = self.sinks.err if self.sinks is not None else sys.stderr.buffer
+        try:
+            stream.write(data)
+            stream.flush()
+        except (OSError, ValueError):
+            pass
 
     def started(self, workers: Sequence) -> None:
         if self.live is not None:

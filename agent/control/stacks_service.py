@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.control import connection, wire
+from agent.control.debug_service import DebugService
 from agent.errors import AgentError
 from agent.plan.rank_set import parse_rank_set
 from agent.run.node_run import Session
@@ -49,17 +50,24 @@ def stacks_reply(session: Session, message: dict[str, Any]) -> dict[str, Any]:
 
 
 class Control:
-    """The one-shot node 0's endpoint handler: only `stacks`."""
+    """The one-shot node 0's endpoint handler: `stacks` and `debug`."""
 
     def __init__(self, session: Session) -> None:
         self.session = session
+        self.debug = DebugService(session)
 
     def handle(self, channel: wire.Channel, first: dict[str, Any]) -> None:
         if first.get("op") == "stacks":
             channel.send(stacks_reply(self.session, first))
+        elif first.get("op") == "debug":
+            self.debug.handle(channel, first)
         else:
             channel.send(
-                {"error": "this job runs one-shot: only `agent stacks` is served", "code": 2}
+                {
+                    "error": "this job runs one-shot: only `agent stacks` and `agent debug` "
+                    "are served",
+                    "code": 2,
+                }
             )
 
 

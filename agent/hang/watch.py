@@ -5,6 +5,7 @@ own ranks have been quiet for T, and takes it back if they speak again. Node 0 r
 counter on its own ticks; when every agent is quiet it has every node dump its ranks' stacks,
 writes them to stacks-a<attempt>.txt, and returns the failure record that tears the job down
 (the hang is its root cause; the lone rank whose stack differs is named first).
+A node with a rank paused in pdb (agent.pause) is not quiet, nor for T seconds after it resumes.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 from agent.hang.desk import StackDesk
@@ -33,16 +35,24 @@ class HangWatch:
         attempt: int,
         node_rank: int,
         host: str,
+        paused: Callable[[], bool] = lambda: False,  # a rank of this node stopped in pdb
     ) -> None:
         self.scope, self.desk, self.timeout, self.leader = scope, desk, timeout, leader
         self.log_dir, self.attempt, self.node_rank, self.host = log_dir, attempt, node_rank, host
         self.quiet = False
         self.fired = False
+        self.paused = paused
+        self._paused_at: float | None = None  # when a rank of this node was last seen paused
 
     def tick(self, quiet_for: float) -> dict[str, Any] | None:
         """This node's ranks have been quiet for `quiet_for` s; a failure record if the job hangs."""
         if self.timeout <= 0 or self.fired:
             return None
+        now = time.monotonic()
+        if self.paused():  # a paused rank is not a hang, nor are the ranks that wait for it
+            self._paused_at = now
+        if self._paused_at is not None:
+            quiet_for = min(quiet_for, now - self._paused_at)
         quiet = quiet_for >= self.timeout
         counter = self.scope.key("quiet")
         if quiet != self.quiet:

@@ -94,6 +94,23 @@ OPTIONS: tuple[Option, ...] = (
         high=365 * DAY,
     ),
     Option(
+        "pdb",
+        bool,
+        False,
+        "a rank's uncaught exception pauses it in pdb at the frame that raised (`python -m agent "
+        "debug LOG_DIR --rank R`); the job waits until it is continued or quit, or "
+        "--debug-timeout passes, then fails as it would have",
+    ),
+    Option(
+        "debug_timeout",
+        float,
+        600.0,
+        "with --pdb: the most seconds a failed rank stays paused in pdb",
+        low=0,
+        high=365 * DAY,
+        above=True,
+    ),
+    Option(
         "progress_regex",
         str,
         None,

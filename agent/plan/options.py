@@ -49,6 +49,8 @@ class Options:
     rank_prefix_ranks: str = _default("rank_prefix_ranks")
     hang_warning: float = _default("hang_warning")
     hang_timeout: float = _default("hang_timeout")
+    pdb: bool = _default("pdb")
+    debug_timeout: float = _default("debug_timeout")
     progress_regex: str | None = _default("progress_regex")
     straggler_factor: float = _default("straggler_factor")
     restart_without_progress: bool = _default("restart_without_progress")

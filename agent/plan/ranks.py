@@ -11,6 +11,11 @@ from dataclasses import dataclass, field
 
 from agent.errors import AgentError
 
+# agent.pause.hook.HOOK and agent.pause.post_mortem.MODULE, named here as text: what runs inside
+# a rank is not imported by the plan (tests/test_ranks_debug.py holds the names to the modules).
+BREAKPOINT_HOOK = "agent.pause.hook.pause"
+POST_MORTEM_MODULE = "agent.pause.post_mortem"
+
 
 @dataclass(frozen=True)
 class Placement:
@@ -46,6 +51,7 @@ class Launch:
     rank_prefix: str | None = None
     prefix_ranks: frozenset[int] | None = None  # None: every rank
     agent_store: bool = True  # False for a one-agent job: its rank 0 hosts the store
+    pdb_timeout: float | None = None  # --pdb: seconds a failed rank stays paused (None: off)
 
 
 @dataclass(frozen=True)
@@ -121,7 +127,11 @@ def rank_env(
         # A lost DNS query must cost 1 s, not 5-10 s, when c10d reverse-resolves the store.
         "RES_OPTIONS": "timeout:1 attempts:1",
         "OMP_NUM_THREADS": str(placement.omp_threads or 1),
+        # breakpoint() pauses the rank for `agent debug` instead of reading EOF from /dev/null
+        "PYTHONBREAKPOINT": BREAKPOINT_HOOK,
     }
+    if launch.pdb_timeout is not None:
+        env["AGENT_DEBUG_TIMEOUT"] = f"{launch.pdb_timeout:g}"
     for key, value in defaults.items():
         if key not in inherited:
             env[key] = value
@@ -175,6 +185,8 @@ def rank_argv(launch: Launch, rank: int, local_rank: int, node_rank: int) -> tup
     if launch.deepspeed:
         # DeepSpeed's launcher passes it first, before the script's own arguments.
         command.insert(launch.script_at + 1, f"--local_rank={local_rank}")
+    if launch.pdb_timeout is not None and launch.script_at > 0:  # not with --no-python
+        command[1:1] = ["-m", POST_MORTEM_MODULE]
     if launch.rank_prefix and (launch.prefix_ranks is None or rank in launch.prefix_ranks):
         try:
             text = launch.rank_prefix.format(rank=rank, local_rank=local_rank, node=node_rank)

@@ -199,6 +199,7 @@ def rank_specs(
         rank_prefix=o.rank_prefix,
         prefix_ranks=parse_rank_set(o.rank_prefix_ranks, "--rank-prefix-ranks"),
         agent_store=world.agents > 1,
+        pdb_timeout=o.debug_timeout if o.pdb else None,
     )
     return node_ranks(
         launch,

@@ -14,6 +14,8 @@ from agent.hang.fallback import fallback_path, private_dir
 from agent.hang.watch import HangWatch
 from agent.node.events import AbortSeen, StoreLost
 from agent.node.scope import Scope
+from agent.pause.desk import PauseDesk
+from agent.pause.paused import console_line
 from agent.plan.rank_set import format_ranges
 from agent.plan.roster import Roster, seated
 from agent.plan.run_plan import seat_specs
@@ -55,6 +57,16 @@ def run_ranks(
     stage = self.stage.at(attempt)
     desk = StackDesk(scope, roster.nodes, world.host, lambda: _live(sup), private_dir(), stage)
     desk.start()
+    console = ConsoleView(plan.options, self.sinks)
+    pauses = PauseDesk(
+        scope,
+        roster.nodes,
+        world.host,
+        private_dir(),
+        stage,
+        lambda paused: console.note(console_line(paused, plan.log_dir)),
+    )
+    pauses.start()
     sup = Supervisor(
         specs,
         stage=stage,
@@ -62,10 +74,11 @@ def run_ranks(
         report=lambda record: self.report(scope, record),
         grace=plan.options.grace,
         hang_warning=plan.options.hang_warning,
-        hang=_hang_watch(plan, scope, desk, attempt, world),
+        hang=_hang_watch(plan, scope, desk, attempt, world, pauses),
         slurm_signals_ranks=slurm_signals_ranks(self.environ),
     )
     self.show_desk(desk)
+    self.show_pauses(pauses)
     scope.watch(
         self.stop,
         lambda record: self.events.put(AbortSeen(stage, record)),
@@ -74,7 +87,6 @@ def run_ranks(
     early = scope.failure()  # someone failed before our watcher started
     if early is not None:
         self.events.put(AbortSeen(stage, early))
-    console = ConsoleView(plan.options, self.sinks)
     pace = _pace_watch(plan, scope, console, attempt, world, roster.nodes)
     sup.pace = pace
     warm = self.warm if self.warm is not None and self.warm.enabled else None
@@ -86,7 +98,7 @@ def run_ranks(
     def start() -> list[workers.Worker]:
         started = self.spawn(
             specs,
-            self.environ,
+            {**self.environ, **pauses.env()},
             console.router,
             prefix_for=console.prefix,
             console=console.shows,
@@ -108,9 +120,12 @@ def run_ranks(
             outcome = sup.run(start)
     finally:
         self.show_desk(None)
+        self.show_pauses(None)
+        pauses.close()
         _forget_dumps(sup)
         if self.world.agent_index == 0:
             desk.end()
+            pauses.end()
         console.close()
     outcome.warnings += console.router.losses()
     outcome.progressed = console.router.progressed()
@@ -127,7 +142,9 @@ def run_ranks(
     return outcome
 
 
-def _hang_watch(plan: Any, scope: Scope, desk: StackDesk, attempt: int, w: World) -> Any:
+def _hang_watch(
+    plan: Any, scope: Scope, desk: StackDesk, attempt: int, w: World, pauses: PauseDesk
+) -> Any:
     if plan.options.hang_timeout <= 0:
         return None
     return HangWatch(
@@ -139,6 +156,7 @@ def _hang_watch(plan: Any, scope: Scope, desk: StackDesk, attempt: int, w: World
         attempt=attempt,
         node_rank=w.node_rank,
         host=w.host,
+        paused=pauses.paused,
     )
 
 

@@ -22,6 +22,7 @@ from agent.node import stage as stages
 from agent.node.scope import Scope
 from agent.node.signals import Signals
 from agent.node.stage import Stage
+from agent.pause.desk import PauseDesk
 from agent.plan.roster import Exclusion, Roster, Shortfall
 from agent.plan.run_plan import RunPlan
 from agent.run import outputs, workers
@@ -61,6 +62,7 @@ class Attempts:
     warm: WarmSource | None = None  # where ranks are forked from (None: always fresh)
     sinks: Sinks | None = None  # a resident agent's run: console lines to its client
     show_desk: Callable[[StackDesk | None], None] = lambda desk: None  # for `agent stacks`
+    show_pauses: Callable[[PauseDesk | None], None] = lambda desk: None  # for `agent debug`
     spawn: Callable[..., list[workers.Worker]] = workers.spawn  # the scale bench fakes ranks
     roster: Roster | None = None  # who runs, waits, is out: the last lineup's
     seatings: list[dict[str, Any]] = field(default_factory=list)  # node 0: ranks.json

@@ -17,6 +17,7 @@ from agent.hang.desk import StackDesk
 from agent.node import stage as stages
 from agent.node.agent import NodeAgent
 from agent.node.stage import Stage
+from agent.pause.desk import PauseDesk
 from agent.plan.roster import Roster
 from agent.plan.run_plan import RunPlan
 from agent.run.execute import Attempts
@@ -29,6 +30,7 @@ class Session:
     node: NodeAgent
     roster: Roster | None = None  # who runs, waits or is out: the last run's last lineup
     desk: StackDesk | None = None  # the running attempt's, on every node (node 0 asks)
+    pauses: PauseDesk | None = None  # the running attempt's paused ranks (`agent debug`)
     absent: frozenset[int] = frozenset()  # node 0: agents lost when it offered the last plan
 
     def offer(self, run: int, plan: RunPlan) -> None:
@@ -102,6 +104,7 @@ class Session:
             hosts=node.membership.hosts,
             read_topology=read_topology,
             show_desk=self._show,
+            show_pauses=self._show_pauses,
             **extra,
         )
         try:
@@ -111,6 +114,9 @@ class Session:
 
     def _show(self, desk: StackDesk | None) -> None:
         self.desk = desk
+
+    def _show_pauses(self, pauses: PauseDesk | None) -> None:
+        self.pauses = pauses
 
 
 # Keys a failure in a run's scope sets, to wake who waits on them: an attempt's (`a<k>`) have

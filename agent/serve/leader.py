@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agent.control import wire
+from agent.control.debug_service import DebugService
 from agent.control.stacks_service import stacks_reply
 from agent.node.agent import NodeAgent
 from agent.node.signals import Signalled
@@ -46,6 +47,7 @@ class Leader:
         self.down: wire.Channel | None = None
         self.answered = threading.Event()  # set once the `down` client has its answer
         self.run = 0  # the next run's number (its store scope is r<run>)
+        self.debug = DebugService(runner.session)
 
     # -- the main thread ------------------------------------------------------------------
     def loop(self) -> wire.Channel:
@@ -92,6 +94,8 @@ class Leader:
             self._feed(channel, first)
         elif op == "stacks":
             _send(channel, stacks_reply(self.runner.session, first))
+        elif op == "debug":
+            self.debug.handle(channel, first)
         else:
             _send(channel, {"error": f"unknown request {str(op)[:40]!r}", "code": 2})
 

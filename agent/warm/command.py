@@ -122,7 +122,14 @@ IMPORT_SENSITIVE: tuple[str, ...] = (
 # Matched by the prefixes above, yet read only after the rank started, or re-applied by it:
 # the thread count (torch.set_num_threads, OpenBLAS), stdio buffering (sys.stdout is rebuilt),
 # and what torch reads when a NCCL process group is made (the agent sets them per attempt).
-REAPPLIED: tuple[str, ...] = ("OMP_NUM_THREADS", "PYTHONUNBUFFERED", "TORCH_NCCL_*", "TORCH_FR_*")
+# PYTHONBREAKPOINT: sys.breakpointhook reads it at each breakpoint(), never at start.
+REAPPLIED: tuple[str, ...] = (
+    "OMP_NUM_THREADS",
+    "PYTHONUNBUFFERED",
+    "PYTHONBREAKPOINT",
+    "TORCH_NCCL_*",
+    "TORCH_FR_*",
+)
 
 
 def _matches(name: str, patterns: Sequence[str]) -> bool:

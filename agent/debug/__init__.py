@@ -1,0 +1,208 @@
+"""`python -m agent debug [LOG_DIR] [--rank R | --all] [--list] [-c CMD]`: the ranks paused in
+pdb (`breakpoint()`, or `--pdb` at an uncaught exception), and a pdb session with one of them.
+
+Found like `agent stacks`: LOG_DIR/control.json for a one-shot job, else the resident agents'
+connection file; everything goes through node 0's authenticated endpoint
+(agent.control.debug_service). Torch-free: the client starts at once.
+"""
+
+from __future__ import annotations
+
+import getpass
+import os
+import socket
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from agent.control.wire import Channel
+from agent.errors import AgentError, ExitCode
+from agent.pause.paused import Paused, render_answers, render_list
+from agent.serve import client
+from agent.serve.commands import not_live
+from agent.text import printable
+from agent.usage import Parser
+
+DETACH = "\x1d"  # Ctrl-]
+REPLY_TIMEOUT = 90.0  # node 0 answers within its own bounded waits; this only catches a lost one
+_HELP_SERVE = "the resident agents' connection file (default: found from SLURM_JOB_ID)"
+
+
+def parser() -> Parser:
+    p = Parser(
+        prog="python -m agent debug",
+        subcommand="debug",
+        description="Ranks paused in pdb (breakpoint() in any rank; --pdb: at an uncaught "
+        "exception): list them, open a pdb session with one (Ctrl-D or Ctrl-] detaches and "
+        "leaves it paused), or run one pdb command on several, answers collated. Finds the job "
+        "from LOG_DIR (control.json) or, inside an allocation, the resident agents.",
+        allow_abbrev=False,
+    )
+    p.add_argument("log_dir", nargs="?", metavar="LOG_DIR", help="the job's log dir")
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--rank", type=int, metavar="R", help="this paused rank")
+    which.add_argument("--all", action="store_true", help="every paused rank (with -c)")
+    p.add_argument("--list", action="store_true", help="the paused ranks (the default)")
+    p.add_argument("-c", dest="command", metavar="CMD", help="one pdb command, e.g. 'p loss'")
+    p.add_argument("--serve", metavar="FILE", help=_HELP_SERVE)
+    return p
+
+
+def main(argv: Sequence[str], environ: Mapping[str, str]) -> int:
+    ns = parser().parse_args(list(argv))
+    if ns.all and ns.command is None:
+        raise AgentError("agent debug: --all needs -c CMD (one command on every paused rank)")
+    channel, run = _connect(ns.log_dir, ns.serve, environ)
+    try:
+        base: dict[str, Any] = {"op": "debug"} if run is None else {"op": "debug", "run": run}
+        if ns.command is not None and (ns.all or ns.rank is not None):
+            ranks: Any = "all" if ns.all else [ns.rank]
+            return _command(
+                channel, {**base, "action": "command", "ranks": ranks, "line": ns.command}
+            )
+        if ns.rank is not None and not ns.list:
+            return _attach(channel, {**base, "action": "attach", "rank": ns.rank, "client": _me()})
+        channel.send({**base, "action": "list"})
+        reply = _answer(channel, "paused")
+        paused = [Paused.from_json(item) for item in reply if isinstance(item, dict)]
+        sys.stdout.write(printable(render_list(paused)))
+        return 0
+    finally:
+        channel.close()
+
+
+def _connect(
+    log_dir: str | None, serve: str | None, environ: Mapping[str, str]
+) -> tuple[Channel, int | None]:
+    home = Path.home()
+    control = os.path.join(log_dir, "control.json") if log_dir is not None else None
+    if control is not None and serve is None and not os.path.isfile(control):
+        raise not_live(log_dir or "")
+    target = client.locate(environ, home, serve or control)
+    try:
+        return client.open_channel(target, environ, home), target.run
+    except AgentError as exc:
+        finished = log_dir is not None and exc.code == ExitCode.RENDEZVOUS
+        if finished and os.path.isfile(os.path.join(log_dir or "", "summary.json")):
+            raise not_live(log_dir or "") from None
+        raise
+
+
+def _answer(channel: Channel, key: str) -> Any:
+    reply = channel.recv(REPLY_TIMEOUT)
+    if reply is None:
+        raise AgentError(
+            "node 0's agent closed the connection (the job may have ended)", ExitCode.RENDEZVOUS
+        )
+    if "error" in reply:
+        code = reply.get("code")
+        raise AgentError(str(reply["error"]), code if isinstance(code, int) else 2)
+    if key not in reply:
+        raise AgentError(
+            f"node 0's agent sent no {key!r} (a different version?)", ExitCode.RENDEZVOUS
+        )
+    return reply[key]
+
+
+def _command(channel: Channel, request: dict[str, Any]) -> int:
+    channel.send(request)
+    reply = channel.recv(REPLY_TIMEOUT)
+    answers = _answer_of(reply)
+    texts = {}
+    for rank, answer in answers.items():
+        if not (isinstance(answer, dict) and rank.lstrip("-").isdigit()):
+            continue
+        texts[int(rank)] = str(answer.get("output", "")) + _state_note(answer.get("state"))
+    if texts:
+        sys.stdout.write(printable(render_answers(texts)))
+    held = reply.get("held") if isinstance(reply, dict) else None
+    for rank, owner in (held or {}).items():
+        print(
+            f"agent debug: rank {rank} is being debugged by {printable(str(owner))}",
+            file=sys.stderr,
+        )
+    return 0
+
+
+def _answer_of(reply: dict[str, Any] | None) -> dict[str, Any]:
+    if reply is None:
+        raise AgentError(
+            "node 0's agent closed the connection (the job may have ended)", ExitCode.RENDEZVOUS
+        )
+    if "error" in reply:
+        code = reply.get("code")
+        raise AgentError(str(reply["error"]), code if isinstance(code, int) else 2)
+    answers = reply.get("answers")
+    return answers if isinstance(answers, dict) else {}
+
+
+def _state_note(state: object) -> str:
+    return {
+        "gone": "\n(the rank left pdb and runs on)",
+        "running": "\n(the rank runs on; it will pause again at a breakpoint)",
+        "busy": "\n(still running that command; ask again for its output)",
+    }.get(str(state), "")
+
+
+def _attach(channel: Channel, request: dict[str, Any]) -> int:
+    channel.send(request)
+    found = _answer(channel, "attached")
+    paused = Paused.from_json(found)
+    print(
+        f"rank {paused.rank} on {paused.host}, paused at {paused.file}:{paused.line} in "
+        f"{paused.function} ({paused.reason}); Ctrl-D or Ctrl-] detaches and leaves it paused"
+    )
+    _editing()
+    state = "prompt"
+    output = ""
+    reply: dict[str, Any] | None = None
+    while True:
+        _show(output)
+        if state == "gone":
+            print(f"[agent] rank {paused.rank} left pdb")
+            return 0
+        if state == "prompt":
+            try:
+                line = input("(Pdb) ")
+            except EOFError:
+                print(f"\n[agent] detached; rank {paused.rank} stays paused")
+                return 0
+            if DETACH in line:
+                print(f"[agent] detached; rank {paused.rank} stays paused")
+                return 0
+            channel.send({"line": line})
+        else:
+            channel.send({"take": True})
+        reply = channel.recv(REPLY_TIMEOUT)
+        if reply is None:
+            raise AgentError(
+                "node 0's agent closed the connection (the job may have ended)", ExitCode.RENDEZVOUS
+            )
+        output, state = str(reply.get("output", "")), str(reply.get("state", "busy"))
+        if state == "running" and not output:
+            output = "[agent] the rank runs on; waiting for it to pause again (Ctrl-C leaves)\n"
+
+
+def _show(text: str) -> None:
+    if text:
+        sys.stdout.write(printable(text))
+        sys.stdout.flush()
+
+
+def _editing() -> None:
+    """Line editing and history at the prompt; Ctrl-] ends the line as a detach."""
+    try:
+        import readline
+    except ImportError:
+        return
+    if "libedit" not in (readline.__doc__ or ""):
+        readline.parse_and_bind(r'"\C-]": "\C-e\C-u\035\C-m"')
+
+
+def _me() -> str:
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = str(os.getuid())
+    return f"{user}@{socket.gethostname()} (pid {os.getpid()})"

@@ -1,0 +1,217 @@
+"""This node's paused ranks for one attempt, and the requests `agent debug` sends them.
+
+Every agent listens on a unix socket in its private 0700 directory (agent.hang.fallback), named
+to its ranks by AGENT_DEBUG_SOCKET; a rank that pauses connects (agent.pause.hook) and is a
+`RankLink` until its session ends. Requests travel as `agent stacks` ones do: node 0 (`ask`)
+numbers one, publishes it sealed in the attempt's scope and waits, bounded, for every agent's
+answer; every agent has a thread blocked on the next request key. No port is opened: clients
+reach node 0's authenticated endpoint only (agent.control.debug_service).
+
+Requests: {"op": "list"} → {"paused": [records]}; {"op": "send", "ranks", "line", "wait"} and
+{"op": "take", "ranks", "wait"} → {"answers": {rank: {"output", "state"}}} for the ranks this
+node holds; {"op": "end"}: the attempt is over.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import socket
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+from agent.node.scope import Scope
+from agent.node.stage import Stage
+from agent.pause.hook import SOCKET_ENV
+from agent.pause.link import RankLink
+from agent.pause.paused import Paused
+
+log = logging.getLogger("agent")
+ANSWER_SLACK = 3.0  # seconds node 0 waits beyond what a request allows each node
+MAX_WAIT = 30.0  # the longest one request may hold a node's answer
+
+
+class PauseDesk:
+    def __init__(
+        self,
+        scope: Scope,
+        nodes: Sequence[int],  # the agents that run ranks in this attempt
+        host: str,
+        directory: str | None,  # this agent's private directory (None: no debugging here)
+        stage: Stage,
+        announce: Callable[[Paused], None],  # once per rank: the console line
+    ) -> None:
+        self.scope, self.nodes, self.host, self.stage = scope, tuple(nodes), host, stage
+        self.announce = announce
+        self.path = (
+            os.path.join(directory, f"debug-{os.getpid()}-{stage}.sock") if directory else None
+        )
+        self._links: dict[int, RankLink] = {}
+        self._announced: set[int] = set()
+        self._lock = threading.Lock()
+        self._asking: Scope | None = None
+        self._spare: list[Scope] = []  # store connections for reply and ask threads
+        self._listener: socket.socket | None = None
+
+    # -- every node ----------------------------------------------------------------------
+    def start(self) -> None:
+        if self.path is not None:
+            self._listener = self._listen(self.path)
+        if self._listener is not None:
+            threading.Thread(target=self._accept, name="pause-accept", daemon=True).start()
+        threading.Thread(target=self._answer, name="pause-desk", daemon=True).start()
+
+    def env(self) -> dict[str, str]:
+        """What this node's ranks need to find it."""
+        return {SOCKET_ENV: self.path} if self._listener is not None and self.path else {}
+
+    def paused(self) -> bool:
+        """Whether one of this node's ranks is stopped in pdb now."""
+        with self._lock:
+            return any(link.paused for link in self._links.values())
+
+    def local(self) -> list[Paused]:
+        with self._lock:
+            links = list(self._links.values())
+        return [link.where for link in links if link.paused and link.where is not None]
+
+    def close(self) -> None:
+        """The attempt is over here: the socket goes, and every session with it."""
+        if self._listener is not None:
+            with contextlib.suppress(OSError):
+                self._listener.close()
+            with contextlib.suppress(OSError):
+                os.unlink(self.path or "")
+        with self._lock:
+            links, self._links = list(self._links.values()), {}
+        for link in links:
+            link.close()
+
+    def _listen(self, path: str) -> socket.socket | None:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.bind(path)
+            os.chmod(path, 0o600)
+            sock.listen(64)
+        except OSError as exc:
+            sock.close()
+            log.warning("cannot listen on %s (breakpoint() in ranks gets plain pdb): %s", path, exc)
+            return None
+        return sock
+
+    def _accept(self) -> None:
+        listener = self._listener
+        while listener is not None:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            RankLink(conn, self.host, self._paused).start()
+
+    def _paused(self, link: RankLink) -> None:
+        with self._lock:
+            old = self._links.get(link.rank)
+            self._links[link.rank] = link
+            first = link.rank not in self._announced
+            self._announced.add(link.rank)
+        if old is not None and old is not link:
+            old.close()  # an older session of the same rank (breakpoints left, then paused)
+        if first and link.where is not None:
+            self.announce(link.where)
+
+    def _answer(self) -> None:
+        side = self.scope.on(self.scope.store.another_client())
+        number = 1
+        with contextlib.suppress(Exception):  # the store went away: the attempt is over
+            while True:
+                side.store.wait([side.key("pause", "req", number)], None)
+                request = side.get(f"pause/req/{number}", "debug request")
+                if request.get("op") == "end":
+                    return
+                threading.Thread(
+                    target=self._reply, args=(number, request), name="pause-reply", daemon=True
+                ).start()  # a slow pdb command on one rank must not hold the next request
+                number += 1
+
+    def _reply(self, number: int, request: dict[str, Any]) -> None:
+        with contextlib.suppress(Exception), self._connection() as side:
+            side.put(f"pause/{number}/{self.scope.index}", self.handle(request))
+
+    @contextlib.contextmanager
+    def _connection(self) -> Iterator[Scope]:
+        """A store connection of the desk's own for one thread (kept for the next one)."""
+        with self._lock:
+            side = self._spare.pop() if self._spare else None
+        if side is None:
+            side = self.scope.on(self.scope.store.another_client())
+        yield side
+        with self._lock:
+            self._spare.append(side)
+
+    def handle(self, request: dict[str, Any]) -> dict[str, Any]:
+        """This node's answer to one request."""
+        op = request.get("op")
+        if op == "list":
+            return {"paused": [p.to_json() for p in self.local()]}
+        wait = _wait(request.get("wait"))
+        with self._lock:
+            ranks = _ranks(request.get("ranks"))
+            links = {r: link for r, link in self._links.items() if ranks is None or r in ranks}
+        line = request.get("line")
+        if op == "send" and isinstance(line, str):
+            act: Callable[[RankLink], tuple[str, str]] = lambda link: link.exchange(line, wait)  # noqa: E731
+        elif op == "take":
+            act = lambda link: link.take(wait)  # noqa: E731
+        else:
+            return {"answers": {}}
+        answers: dict[str, dict[str, str]] = {}
+
+        def one(rank: int, link: RankLink) -> None:
+            output, state = act(link)
+            answers[str(rank)] = {"output": output, "state": state}
+
+        threads = [threading.Thread(target=one, args=item) for item in links.items()]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        return {"answers": answers}
+
+    # -- node 0 ----------------------------------------------------------------------------
+    def ask(self, request: dict[str, Any]) -> list[dict[str, Any] | None]:
+        """Every node's answer to `request` (None: a node that did not answer in time)."""
+        wait = _wait(request.get("wait"))
+        with self._lock:
+            if self._asking is None:
+                self._asking = self.scope.on(self.scope.store.another_client())
+            s = self._asking
+            number = s.store.add(s.key("pause", "seq"))
+            s.put(f"pause/req/{number}", request)
+        with self._connection() as asking:
+            keys = [asking.key("pause", number, i) for i in self.nodes]
+            asking.store.wait(keys, wait + ANSWER_SLACK)
+            return [asking.get_if(f"pause/{number}/{i}", "debug answer") for i in self.nodes]
+
+    def end(self) -> None:
+        """Node 0, the attempt is over: the answering threads return."""
+        with contextlib.suppress(Exception), self._lock:
+            s = self._asking or self.scope
+            number = s.store.add(s.key("pause", "seq"))
+            s.put(f"pause/req/{number}", {"op": "end"})
+
+
+def _wait(value: object) -> float:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return max(0.0, min(float(value), MAX_WAIT))
+    return 0.0
+
+
+def _ranks(value: object) -> set[int] | None:
+    """The ranks a request names; None: every rank."""
+    if not isinstance(value, list):
+        return None
+    return {r for r in value[:65536] if isinstance(r, int) and not isinstance(r, bool)}

@@ -1,0 +1,117 @@
+"""One paused rank as its agent sees it: the rank's end of the unix socket (agent.pause.hook),
+where it stopped, what pdb printed since the last answer, and whether pdb waits for a line."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+from collections.abc import Callable
+
+from agent.pause.frames import encode, read
+from agent.pause.paused import Paused
+
+MAX_OUTPUT = 4 << 20  # characters of pdb output kept for the next answer (the oldest go)
+PROMPT = "prompt"  # pdb waits for a line
+BUSY = "busy"  # a line was sent; pdb has not asked for the next one yet
+RUNNING = "running"  # the rank runs on (`c` with breakpoints left, `n` over a long call)
+GONE = "gone"  # the session ended: continued, quit, or the rank died
+
+
+class RankLink:
+    def __init__(
+        self, sock: socket.socket, host: str, on_pause: Callable[[RankLink], None]
+    ) -> None:
+        self.sock, self.host, self.on_pause = sock, host, on_pause
+        self.rank, self.pid = -1, 0
+        self.where: Paused | None = None
+        self.state = BUSY  # until pdb first asks for a line
+        self._output: list[str] = []
+        self._size = 0
+        self._cond = threading.Condition()
+
+    def start(self) -> None:
+        threading.Thread(target=self._read, name="pause-link", daemon=True).start()
+
+    @property
+    def paused(self) -> bool:
+        """Stopped in pdb (or about to be): not a hang, whatever its output says."""
+        return self.state in (PROMPT, BUSY)
+
+    def exchange(self, line: str, wait: float) -> tuple[str, str]:
+        """Send pdb one line; (its output, the state after) once pdb asks for the next line,
+        the rank runs on, or `wait` seconds passed (state BUSY: ask `take` again later)."""
+        with self._cond:
+            if self.state != PROMPT:
+                return self._take(), self.state
+            self._take()  # the stop's banner, or what a detached client left: not this answer
+            self.state = BUSY
+            try:
+                self.sock.sendall(encode({"line": line}))
+            except OSError:
+                self.state = GONE
+            self._cond.wait_for(lambda: self.state != BUSY, wait)
+            return self._take(), self.state
+
+    def take(self, wait: float) -> tuple[str, str]:
+        """What pdb printed since the last answer, waiting up to `wait` s while it is busy."""
+        with self._cond:
+            self._cond.wait_for(lambda: self.state != BUSY, wait)
+            return self._take(), self.state
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)
+        with contextlib.suppress(OSError):
+            self.sock.close()
+
+    def _take(self) -> str:
+        text = "".join(self._output)
+        self._output, self._size = [], 0
+        return text
+
+    def _read(self) -> None:
+        stream = self.sock.makefile("rb")
+        try:
+            while (message := read(stream)) is not None:
+                self._on(message)
+        except (OSError, ValueError):
+            pass
+        finally:
+            with self._cond:
+                self.state = GONE
+                self._cond.notify_all()
+            self.close()
+
+    def _on(self, message: dict[str, object]) -> None:
+        paused = None
+        with self._cond:
+            if isinstance(hello := message.get("hello"), dict):
+                self.rank = _int(hello.get("rank"), -1)
+                self.pid = _int(hello.get("pid"), 0)
+            elif isinstance(where := message.get("paused"), dict):
+                record = {**where, "rank": self.rank, "host": self.host, "pid": self.pid}
+                with contextlib.suppress(ValueError):
+                    paused = self.where = Paused.from_json(record)
+                self.state = BUSY
+            elif isinstance(text := message.get("out"), str):
+                self._add(text)
+            elif isinstance(prompt := message.get("ready"), str):
+                if self._output and self._output[-1].endswith(prompt) and prompt:
+                    self._output[-1] = self._output[-1][: -len(prompt)]
+                self.state = PROMPT
+            elif message.get("running"):
+                self.state = GONE if message.get("done") else RUNNING
+            self._cond.notify_all()
+        if paused is not None:
+            self.on_pause(self)
+
+    def _add(self, text: str) -> None:
+        self._output.append(text)
+        self._size += len(text)
+        while self._size > MAX_OUTPUT and len(self._output) > 1:
+            self._size -= len(self._output.pop(0))
+
+
+def _int(value: object, default: int) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else default
