@@ -1,0 +1,176 @@
+"""Debugging a live job (2 simulated nodes × 1 rank on loopback): breakpoint() pauses a rank,
+the console names it, `agent debug` lists it, opens a pdb session with it in a pseudo-terminal,
+runs one command on every paused rank; a paused rank is no hang; --pdb pauses at the exception."""
+
+from __future__ import annotations
+
+import os
+import pty
+import select
+import subprocess
+import sys
+import time
+
+import pytest
+from cluster import REPO, base_env, job_processes, wait_for
+
+pytestmark = pytest.mark.e2e
+
+JOB = str(REPO / "tests" / "fixtures" / "pause_job.py")
+PAUSE_LINE = next(
+    n for n, line in enumerate(open(JOB).read().splitlines(), 1) if line.startswith("    print(")
+)
+RAISE_LINE = next(
+    n
+    for n, line in enumerate(open(JOB).read().splitlines(), 1)
+    if line.strip().startswith("raise ValueError")
+)
+
+
+def _debug(cluster, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "agent", "debug", str(cluster.log_dir), *args],
+        env=base_env(cluster.tmp), capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+
+
+def _console(cluster) -> str:
+    return "".join(a.stdout() + a.stderr() for a in cluster.agents)
+
+
+def _paused(cluster, rank: int, reason: str = "breakpoint") -> str:
+    line = f"rank {rank} paused at pause_job.py:"
+    found = wait_for(
+        lambda: next((x for x in _console(cluster).splitlines() if x.startswith(line)), None),
+        90,
+        f"the console to say rank {rank} paused",
+        interval=0.1,
+    )
+    assert f"({reason}" in found, found
+    return found
+
+
+class Terminal:
+    """`agent debug` in a pseudo-terminal, as a user in the salloc shell runs it."""
+
+    def __init__(self, cluster, *args: str) -> None:
+        master, slave = pty.openpty()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "agent", "debug", str(cluster.log_dir), *args],
+            env=base_env(cluster.tmp), stdin=slave, stdout=slave, stderr=slave,
+            start_new_session=True,
+        )  # fmt: skip
+        os.close(slave)
+        self.master, self.seen = master, b""
+
+    def expect(self, text: str, timeout: float = 60) -> str:
+        """Everything up to and including `text`."""
+        deadline = time.monotonic() + timeout
+        while text.encode() not in self.seen:
+            ready, _, _ = select.select([self.master], [], [], max(0, deadline - time.monotonic()))
+            if not ready:
+                raise AssertionError(f"no {text!r} in {self.seen.decode(errors='replace')!r}")
+            try:
+                self.seen += os.read(self.master, 4096)
+            except OSError:  # the client exited
+                raise AssertionError(f"no {text!r}: {self.seen.decode(errors='replace')!r}") from None
+        cut = self.seen.index(text.encode()) + len(text)
+        before, self.seen = self.seen[:cut], self.seen[cut:]
+        return before.decode(errors="replace")
+
+    def type(self, text: str) -> None:
+        os.write(self.master, text.encode())
+
+    def close(self) -> int:
+        code = self.proc.wait(30)
+        os.close(self.master)
+        return code
+
+
+def test_breakpoint_pauses_a_rank_for_a_pdb_session_in_the_terminal(cluster_factory):
+    cluster = cluster_factory(2).start([JOB])
+    line = _paused(cluster, 1)
+    assert line == (
+        f"rank 1 paused at pause_job.py:{PAUSE_LINE} in <module> (breakpoint): "
+        f"python -m agent debug {cluster.log_dir} --rank 1"
+    ), line
+    listed = _debug(cluster, "--list")
+    assert listed.returncode == 0, listed.stderr
+    assert listed.stdout == f"rank 1 (127.0.0.2): {JOB}:{PAUSE_LINE} in <module> (breakpoint)\n"
+
+    terminal = Terminal(cluster, "--rank", "1")
+    terminal.expect("(Pdb) ")
+    terminal.type("p x\n")
+    assert "42" in terminal.expect("(Pdb) ").splitlines()[-2]
+    terminal.type("c\n")
+    terminal.expect("rank 1 left pdb")
+    assert terminal.close() == 0
+    assert cluster.wait(60) == [0, 0], cluster.dump()
+    assert "after 42" in cluster.rank_file(1).read_text()
+    assert not job_processes(cluster.marker)
+    sockets = [n for n in os.listdir(_private_dir()) if n.startswith("debug-")]
+    assert not [n for n in sockets if str(cluster.agents[0].proc.pid) in n], sockets
+
+
+def test_one_command_on_every_paused_rank_and_one_client_per_rank(cluster_factory):
+    cluster = cluster_factory(2).start([JOB], env={"PAUSE_RANKS": "0,1"})
+    _paused(cluster, 0)
+    _paused(cluster, 1)
+    every = _debug(cluster, "--all", "-c", "p x")
+    assert every.returncode == 0, every.stderr
+    assert every.stdout == "----------------\nranks 0-1\n----------------\n42\n", every.stdout
+
+    first = Terminal(cluster, "--rank", "0")
+    first.expect("(Pdb) ")
+    second = _debug(cluster, "--rank", "0")
+    assert second.returncode == 2, second.stdout
+    assert "rank 0 is being debugged by " in second.stderr and "(pid " in second.stderr
+    assert len(second.stderr.splitlines()) == 1, second.stderr
+    first.type("\x04")  # Ctrl-D: detached, the rank stays paused
+    first.expect("stays paused")
+    assert first.close() == 0
+    assert cluster.agents[0].proc.poll() is None
+
+    went_on = _debug(cluster, "--all", "-c", "c")
+    assert went_on.returncode == 0, went_on.stderr
+    assert "ranks 0-1" in went_on.stdout, went_on.stdout
+    assert cluster.wait(60) == [0, 0], cluster.dump()
+    assert "after 42" in cluster.rank_file(0).read_text()
+
+
+def test_a_paused_rank_is_not_a_hang(cluster_factory):
+    # rank 0 waits silently for rank 1, paused: both quiet far beyond --hang-timeout
+    cluster = cluster_factory(2).start(["--hang-timeout", "3", JOB])
+    _paused(cluster, 1)
+    until = time.monotonic() + 10
+    while time.monotonic() < until:  # observing the job, not waiting for an event
+        assert [a.proc.poll() for a in cluster.agents] == [None, None], cluster.dump()
+        time.sleep(0.2)
+    went_on = _debug(cluster, "--rank", "1", "-c", "c")
+    assert went_on.returncode == 0, went_on.stderr
+    assert cluster.wait(60) == [0, 0], cluster.dump()
+    assert "hang" not in _console(cluster)
+
+
+def test_pdb_pauses_at_the_exception_then_the_job_fails_with_it(cluster_factory):
+    cluster = cluster_factory(2).start(["--pdb", JOB, "--raise"])
+    line = _paused(cluster, 1, "exception: ValueError: bad batch 7")
+    assert f"pause_job.py:{RAISE_LINE} in step" in line, line
+    local = _debug(cluster, "--rank", "1", "-c", "p batch")
+    assert local.returncode == 0, local.stderr
+    assert local.stdout.splitlines()[3] == "7", local.stdout
+    assert [a.proc.poll() for a in cluster.agents] == [None, None], "the job is held"
+    terminal = Terminal(cluster, "--rank", "1")
+    terminal.expect("(Pdb) ")
+    terminal.type("q\n")
+    terminal.expect("rank 1 left pdb")
+    assert terminal.close() == 0
+    assert cluster.wait(60) == [1, 1], cluster.dump()
+    cause = cluster.summary()["root_cause"]
+    assert cause["rank"] == 1 and "ValueError: bad batch 7" in str(cause), cause
+
+
+def _private_dir() -> str:
+    import tempfile
+
+    return os.path.join(tempfile.gettempdir(), f"launch-agent-stacks-{os.getuid()}")
