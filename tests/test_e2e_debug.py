@@ -13,6 +13,7 @@ import time
 
 import pytest
 from cluster import REPO, base_env, job_processes, wait_for
+from serving import Serving
 
 pytestmark = pytest.mark.e2e
 
@@ -54,11 +55,19 @@ class Terminal:
     """`agent debug` in a pseudo-terminal, as a user in the salloc shell runs it."""
 
     def __init__(self, cluster, *args: str) -> None:
+        self.start(base_env(cluster.tmp), str(cluster.log_dir), *args)
+
+    @classmethod
+    def of(cls, env: dict[str, str], *args: str) -> Terminal:
+        terminal = cls.__new__(cls)
+        terminal.start(env, *args)
+        return terminal
+
+    def start(self, env: dict[str, str], *args: str) -> None:
         master, slave = pty.openpty()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "agent", "debug", str(cluster.log_dir), *args],
-            env=base_env(cluster.tmp), stdin=slave, stdout=slave, stderr=slave,
-            start_new_session=True,
+            [sys.executable, "-m", "agent", "debug", *args],
+            env=env, stdin=slave, stdout=slave, stderr=slave, start_new_session=True,
         )  # fmt: skip
         os.close(slave)
         self.master, self.seen = master, b""
@@ -174,3 +183,47 @@ def _private_dir() -> str:
     import tempfile
 
     return os.path.join(tempfile.gettempdir(), f"launch-agent-stacks-{os.getuid()}")
+
+
+def test_resident_agents_warm_ranks_pause_and_post_mortem(tmp_path):
+    """`agent run` on resident agents (warm ranks, light zygote): the run's client names the
+    pause, `agent debug` finds the job from the allocation, the session continues the rank;
+    then --pdb on the same agents pauses at the exception and `q` fails the run with it."""
+    serving = Serving(tmp_path, 2, ("--preload", "json"))
+    try:
+        serving.start().ready()
+        run = serving.client("run", JOB)
+        wait_for(lambda: _paused_files(serving), 90, "rank 1 to pause", interval=0.1)
+        listed = serving.call("debug", timeout=60)
+        assert listed.returncode == 0, listed.stderr
+        assert f"rank 1 (127.0.0.2): {JOB}:{PAUSE_LINE} in <module> (breakpoint)" in listed.stdout
+        terminal = Terminal.of(serving.shell_env(), "--rank", "1")
+        terminal.expect("(Pdb) ")
+        terminal.type("p x\n")
+        assert "42" in terminal.expect("(Pdb) ").splitlines()[-2]
+        terminal.type("c\n")
+        terminal.expect("rank 1 left pdb")
+        assert terminal.close() == 0
+        out, err = run.communicate(timeout=60)
+        assert run.returncode == 0, err.decode() + serving.dump()
+        shown = (out + err).decode()
+        assert f"rank 1 paused at pause_job.py:{PAUSE_LINE} in <module> (breakpoint): " in shown
+        assert "127.0.0.2:1: after 42" in shown, shown
+
+        failing = serving.client("run", "--pdb", JOB, "--raise")
+        wait_for(lambda: _paused_files(serving), 90, "rank 1 to pause at its exception")
+        local = serving.call("debug", "--rank", "1", "-c", "p batch", timeout=60)
+        assert local.stdout.splitlines()[3] == "7", local.stdout + local.stderr
+        quit = serving.call("debug", "--rank", "1", "-c", "q", timeout=60)
+        assert quit.returncode == 0, quit.stderr
+        out, err = failing.communicate(timeout=60)
+        assert failing.returncode == 1, err.decode()
+        assert "ValueError: bad batch 7" in (out + err).decode()
+        assert serving.dump().count("1 of 1 ranks forked warm") == 4, serving.dump()
+    finally:
+        serving.kill()
+
+
+def _paused_files(serving: Serving) -> bool:
+    result = serving.call("debug", timeout=60)
+    return result.returncode == 0 and "rank 1 (" in result.stdout

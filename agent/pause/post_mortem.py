@@ -22,8 +22,8 @@ def main(argv: list[str]) -> None:
     module = argv[0] == "-m"
     target = argv[1] if module else argv[0]
     sys.argv = argv[1:] if module else list(argv)
-    if not module:  # sys.path[0]: the script's directory, not the cwd `-m` put there
-        sys.path[0] = os.path.dirname(os.path.realpath(target))
+    if not module and not getattr(sys.flags, "safe_path", False):
+        sys.path[0] = os.path.dirname(os.path.realpath(target))  # not the cwd `-m` put there
     try:
         if module:
             runpy.run_module(target, run_name="__main__", alter_sys=True)
