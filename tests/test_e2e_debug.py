@@ -18,14 +18,9 @@ from serving import Serving
 pytestmark = pytest.mark.e2e
 
 JOB = str(REPO / "tests" / "fixtures" / "pause_job.py")
-PAUSE_LINE = next(
-    n for n, line in enumerate(open(JOB).read().splitlines(), 1) if line.startswith("    print(")
-)
-RAISE_LINE = next(
-    n
-    for n, line in enumerate(open(JOB).read().splitlines(), 1)
-    if line.strip().startswith("raise ValueError")
-)
+SOURCE = (REPO / "tests" / "fixtures" / "pause_job.py").read_text().splitlines()
+PAUSE_LINE = next(n for n, line in enumerate(SOURCE, 1) if line.startswith("    print("))
+RAISE_LINE = next(n for n, line in enumerate(SOURCE, 1) if "raise ValueError" in line)
 
 
 def _debug(cluster, *args: str) -> subprocess.CompletedProcess:
@@ -82,7 +77,9 @@ class Terminal:
             try:
                 self.seen += os.read(self.master, 4096)
             except OSError:  # the client exited
-                raise AssertionError(f"no {text!r}: {self.seen.decode(errors='replace')!r}") from None
+                raise AssertionError(
+                    f"no {text!r}: {self.seen.decode(errors='replace')!r}"
+                ) from None
         cut = self.seen.index(text.encode()) + len(text)
         before, self.seen = self.seen[:cut], self.seen[cut:]
         return before.decode(errors="replace")
