@@ -1,0 +1,268 @@
+"""Paused ranks without agents: the text (pure, tables), and a real rank process pausing at
+breakpoint() / at its exception (--pdb), reached through two nodes' desks over one in-process
+store, as `agent debug` reaches them through node 0."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from agent.hang.desk import StackDesk
+from agent.hang.watch import HangWatch
+from agent.node.local_store import LocalStore
+from agent.node.scope import Scope
+from agent.node.stage import Stage
+from agent.node.store import Endpoint, Store
+from agent.node.trust import JobKeys
+from agent.pause import hook, post_mortem
+from agent.pause.desk import PauseDesk
+from agent.pause.link import GONE, PROMPT
+from agent.pause.paused import Paused, console_line, render_answers, render_list
+from agent.plan.ranks import (
+    BREAKPOINT_HOOK,
+    POST_MORTEM_MODULE,
+    Launch,
+    Placement,
+    rank_argv,
+    rank_env,
+)
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _paused(rank: int, line: int = 42, host: str = "n1", reason: str = "breakpoint") -> Paused:
+    return Paused(rank, host, 100 + rank, "/w/train.py", line, "step", reason)
+
+
+def test_the_console_line_names_the_command_that_opens_the_session():
+    assert console_line(_paused(3), "logs/77.0") == (
+        "rank 3 paused at train.py:42 in step (breakpoint): python -m agent debug logs/77.0 --rank 3"
+    )
+
+
+@pytest.mark.parametrize(
+    ("paused", "expected"),
+    [
+        ([], "no rank is paused\n"),
+        ([_paused(1)], "rank 1 (n1): /w/train.py:42 in step (breakpoint)\n"),
+        (
+            [_paused(2, host="n2"), _paused(0), _paused(1, 7), _paused(3, host="n2")],
+            "ranks 0,2-3 (n1, n2): /w/train.py:42 in step (breakpoint)\n"
+            "rank 1 (n1): /w/train.py:7 in step (breakpoint)\n",
+        ),
+    ],
+)
+def test_the_list_groups_ranks_by_where_they_paused(paused, expected):
+    assert render_list(paused) == expected
+
+
+def test_identical_answers_are_shown_once_under_their_ranks():
+    rule = "-" * 16
+    assert render_answers({3: "42\n", 0: "42\n", 1: "7\n"}) == (
+        f"{rule}\nranks 0,3\n{rule}\n42\n{rule}\nrank 1\n{rule}\n7\n"
+    )
+
+
+@pytest.mark.parametrize(
+    "record",
+    [
+        None,
+        [],
+        {"rank": "1"},
+        {**_paused(1).to_json(), "line": True},
+        {**_paused(1).to_json(), "file": 3},
+    ],
+)
+def test_a_record_from_another_node_that_is_not_one_is_refused(record):
+    with pytest.raises(ValueError):
+        Paused.from_json(record)
+
+
+def test_a_record_round_trips_with_long_text_cut():
+    long = {**_paused(1).to_json(), "function": "f" * 5000}
+    assert Paused.from_json(_paused(1).to_json()) == _paused(1)
+    assert len(Paused.from_json(long).function) == 512
+
+
+def test_the_plan_names_the_hook_and_the_post_mortem_runner_as_they_are():
+    assert BREAKPOINT_HOOK == hook.HOOK
+    assert POST_MORTEM_MODULE == post_mortem.MODULE
+
+
+def _launch(**kw) -> Launch:
+    base = dict(
+        job_id="1", step_id="0", world_size=2, nnodes=1, master_addr="h", master_port=1,
+        attempt=0, max_restarts=0, log_dir="/l", config_file="", command=("py", "train.py", "a"),
+    )  # fmt: skip
+    return Launch(**{**base, **kw})
+
+
+def test_ranks_pause_at_breakpoint_unless_the_user_chose_a_hook():
+    env = rank_env(_launch(), 0, 0, 1, 0, Placement(), "/e", {})
+    assert env["PYTHONBREAKPOINT"] == BREAKPOINT_HOOK and "AGENT_DEBUG_TIMEOUT" not in env
+    theirs = rank_env(
+        _launch(), 0, 0, 1, 0, Placement(), "/e", {"PYTHONBREAKPOINT": "ipdb.set_trace"}
+    )
+    assert "PYTHONBREAKPOINT" not in theirs  # the rank inherits the user's own
+
+
+@pytest.mark.parametrize(
+    ("command", "script_at", "expected"),
+    [
+        (("py", "train.py", "a"), 1, ("py", "-m", POST_MORTEM_MODULE, "train.py", "a")),
+        (("py", "-m", "pkg", "a"), 2, ("py", "-m", POST_MORTEM_MODULE, "-m", "pkg", "a")),
+        (("./train.sh", "a"), 0, ("./train.sh", "a")),  # --no-python: nothing to run it under
+    ],
+)
+def test_pdb_runs_the_script_under_the_post_mortem_runner(command, script_at, expected):
+    launch = _launch(command=command, script_at=script_at, pdb_timeout=60.0)
+    assert rank_argv(launch, 0, 0, 0) == expected
+    assert rank_env(launch, 0, 0, 1, 0, Placement(), "/e", {})["AGENT_DEBUG_TIMEOUT"] == "60"
+
+
+# -- a real rank, two desks over one store -------------------------------------------------
+class Nodes:
+    """Node 0 (asks) and node 1 (holds the rank) over one in-process store."""
+
+    def __init__(self, directory: str) -> None:
+        store = Store(LocalStore(), Endpoint("127.0.0.1", 1), "t/")
+        keys = JobKeys.derive(b"pause-test", "job", "0")
+        self.said: list[Paused] = []
+        self.desks = [
+            PauseDesk(
+                Scope(store, "r0/a0", node, keys),
+                [0, 1],
+                f"h{node}",
+                directory if node == 1 else None,
+                Stage(0, 0),
+                self.said.append,
+            )  # fmt: skip
+            for node in (0, 1)
+        ]
+        for desk in self.desks:
+            desk.start()
+
+    def rank(self, *argv: str, timeout: float | None = None) -> subprocess.Popen:
+        env = {**os.environ, "PYTHONPATH": str(REPO), "RANK": "1", "PYTHONBREAKPOINT": hook.HOOK}
+        env.update(self.desks[1].env())
+        if timeout is not None:
+            env[hook.TIMEOUT_ENV] = str(timeout)
+        return subprocess.Popen(
+            [sys.executable, *argv], env=env, stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+
+    def ask(self, request: dict) -> dict:
+        merged: dict = {}
+        for answer in self.desks[0].ask(request):
+            merged.update((answer or {}).get("answers", {}))
+            merged.setdefault("paused", []).extend((answer or {}).get("paused", []))
+        return merged
+
+    def wait_paused(self) -> list[dict]:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            found = self.ask({"op": "list"})["paused"]
+            if found and self.ask({"op": "take", "ranks": [1], "wait": 5})["1"]["state"] == PROMPT:
+                return found
+        raise AssertionError("the rank never paused")
+
+    def close(self) -> None:
+        self.desks[0].end()
+        for desk in self.desks:
+            desk.close()
+
+
+@pytest.fixture
+def nodes():
+    with tempfile.TemporaryDirectory() as directory:
+        os.chmod(directory, 0o700)
+        pair = Nodes(directory)
+        yield pair
+        pair.close()
+        assert not os.listdir(directory), "the socket goes with the attempt"
+
+
+def test_breakpoint_pauses_the_rank_until_pdb_continues_it(nodes, tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text("x = 40 + 2\nbreakpoint()\nprint('after', x)\n")
+    rank = nodes.rank(str(script))
+    [found] = nodes.wait_paused()
+    assert (found["rank"], found["host"], found["line"], found["reason"]) == (
+        1,
+        "h1",
+        3,
+        "breakpoint",
+    )
+    assert nodes.desks[1].paused() and not nodes.desks[0].paused()
+    assert nodes.said == [Paused.from_json(found)], "the console is told once"
+    answer = nodes.ask({"op": "send", "ranks": [1], "line": "p x", "wait": 10})["1"]
+    assert answer == {"output": "42\n", "state": PROMPT}
+    gone = nodes.ask({"op": "send", "ranks": [1], "line": "c", "wait": 10})["1"]
+    assert gone["state"] == GONE
+    out, err = rank.communicate(timeout=30)
+    assert (rank.returncode, out) == (0, "after 42\n"), err
+    assert not nodes.desks[1].paused()
+    assert nodes.ask({"op": "list"})["paused"] == []
+
+
+def test_post_mortem_pauses_at_the_raising_frame_then_the_rank_fails_with_it(nodes, tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text("def step(batch):\n    raise ValueError(f'bad {batch}')\n\nstep(7)\n")
+    rank = nodes.rank("-m", post_mortem.MODULE, str(script), timeout=60)
+    [found] = nodes.wait_paused()
+    assert (found["function"], found["line"], found["reason"]) == (
+        "step",
+        2,
+        "exception: ValueError: bad 7",
+    )
+    assert (
+        nodes.ask({"op": "send", "ranks": [1], "line": "p batch", "wait": 10})["1"]["output"]
+        == "7\n"
+    )
+    assert nodes.ask({"op": "send", "ranks": [1], "line": "q", "wait": 10})["1"]["state"] == GONE
+    _, err = rank.communicate(timeout=30)
+    assert rank.returncode == 1 and err.rstrip().endswith("ValueError: bad 7"), err
+
+
+def test_a_failed_rank_nobody_debugs_goes_on_to_fail_after_the_debug_timeout(nodes, tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text("raise KeyError('k')\n")
+    start = time.monotonic()
+    rank = nodes.rank("-m", post_mortem.MODULE, str(script), timeout=0.5)
+    _, err = rank.communicate(timeout=30)
+    assert rank.returncode == 1 and "KeyError: 'k'" in err, err
+    assert time.monotonic() - start < 20  # a hang catcher: the timeout is 0.5 s
+    assert "--debug-timeout passed" in err
+
+
+def test_without_the_agents_socket_a_rank_gets_plain_pdb(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text("x = 5\nbreakpoint()\nprint('after', x)\n")
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONBREAKPOINT": hook.HOOK}
+    env.pop(hook.SOCKET_ENV, None)
+    done = subprocess.run(
+        [sys.executable, str(script)], env=env, input="p x\nc\n", capture_output=True, text=True,
+        timeout=30,
+    )  # fmt: skip
+    assert done.returncode == 0 and "(Pdb) 5" in done.stdout and "after 5" in done.stdout
+
+
+def test_a_node_with_a_paused_rank_is_not_quiet():
+    store = Store(LocalStore(), Endpoint("127.0.0.1", 1), "t/")
+    scope = Scope(store, "r0/a0", 0, JobKeys.derive(b"hang-test", "job", "0"))
+    paused = [True]
+    watch = HangWatch(
+        scope, StackDesk(scope, [0], "h0", list), timeout=5, leader=True, log_dir="/nonexistent",
+        attempt=0, node_rank=0, host="h0", paused=lambda: paused[0],
+    )  # fmt: skip
+    assert watch.tick(3600) is None
+    paused[0] = False  # it just went on: the clock starts now, not at its last output
+    assert watch.tick(3600) is None
+    assert store.add(scope.key("quiet"), 0) == 0
