@@ -10,6 +10,7 @@ import select
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from cluster import REPO, base_env, job_processes, wait_for
@@ -20,7 +21,7 @@ pytestmark = pytest.mark.e2e
 JOB = str(REPO / "tests" / "fixtures" / "pause_job.py")
 SOURCE = (REPO / "tests" / "fixtures" / "pause_job.py").read_text().splitlines()
 PAUSE_LINE = next(n for n, line in enumerate(SOURCE, 1) if line.startswith("    print("))
-RAISE_LINE = next(n for n, line in enumerate(SOURCE, 1) if "raise ValueError" in line)
+RAISE_LINE = next(n for n, line in enumerate(SOURCE, 1) if line.strip().startswith("raise "))
 
 
 def _debug(cluster, *args: str) -> subprocess.CompletedProcess:
@@ -47,25 +48,20 @@ def _paused(cluster, rank: int, reason: str = "breakpoint") -> str:
 
 
 class Terminal:
-    """`agent debug` in a pseudo-terminal, as a user in the salloc shell runs it."""
+    """A client in a pseudo-terminal, as a user in the salloc shell runs it."""
 
-    def __init__(self, cluster, *args: str) -> None:
-        self.start(base_env(cluster.tmp), str(cluster.log_dir), *args)
-
-    @classmethod
-    def of(cls, env: dict[str, str], *args: str) -> Terminal:
-        terminal = cls.__new__(cls)
-        terminal.start(env, *args)
-        return terminal
-
-    def start(self, env: dict[str, str], *args: str) -> None:
+    def __init__(self, argv: list[str], env: dict[str, str], cwd: Path | None = None) -> None:
         master, slave = pty.openpty()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "agent", "debug", *args],
-            env=env, stdin=slave, stdout=slave, stderr=slave, start_new_session=True,
+            [sys.executable, "-m", "agent", *argv], env=env, cwd=cwd,
+            stdin=slave, stdout=slave, stderr=slave, start_new_session=True,
         )  # fmt: skip
         os.close(slave)
         self.master, self.seen = master, b""
+
+    @classmethod
+    def debug(cls, cluster, *args: str) -> Terminal:
+        return cls(["debug", str(cluster.log_dir), *args], base_env(cluster.tmp))
 
     def expect(self, text: str, timeout: float = 60) -> str:
         """Everything up to and including `text`."""
@@ -104,7 +100,7 @@ def test_breakpoint_pauses_a_rank_for_a_pdb_session_in_the_terminal(cluster_fact
     assert listed.returncode == 0, listed.stderr
     assert listed.stdout == f"rank 1 (127.0.0.2): {JOB}:{PAUSE_LINE} in <module> (breakpoint)\n"
 
-    terminal = Terminal(cluster, "--rank", "1")
+    terminal = Terminal.debug(cluster, "--rank", "1")
     terminal.expect("(Pdb) ")
     terminal.type("p x\n")
     assert "42" in terminal.expect("(Pdb) ").splitlines()[-2]
@@ -126,7 +122,7 @@ def test_one_command_on_every_paused_rank_and_one_client_per_rank(cluster_factor
     assert every.returncode == 0, every.stderr
     assert every.stdout == "----------------\nranks 0-1\n----------------\n42\n", every.stdout
 
-    first = Terminal(cluster, "--rank", "0")
+    first = Terminal.debug(cluster, "--rank", "0")
     first.expect("(Pdb) ")
     second = _debug(cluster, "--rank", "0")
     assert second.returncode == 2, second.stdout
@@ -166,7 +162,7 @@ def test_pdb_pauses_at_the_exception_then_the_job_fails_with_it(cluster_factory)
     assert local.returncode == 0, local.stderr
     assert local.stdout.splitlines()[3] == "7", local.stdout
     assert [a.proc.poll() for a in cluster.agents] == [None, None], "the job is held"
-    terminal = Terminal(cluster, "--rank", "1")
+    terminal = Terminal.debug(cluster, "--rank", "1")
     terminal.expect("(Pdb) ")
     terminal.type("q\n")
     terminal.expect("rank 1 left pdb")
@@ -194,7 +190,7 @@ def test_resident_agents_warm_ranks_pause_and_post_mortem(tmp_path):
         listed = serving.call("debug", timeout=60)
         assert listed.returncode == 0, listed.stderr
         assert f"rank 1 (127.0.0.2): {JOB}:{PAUSE_LINE} in <module> (breakpoint)" in listed.stdout
-        terminal = Terminal.of(serving.shell_env(), "--rank", "1")
+        terminal = Terminal(["debug", "--rank", "1"], serving.shell_env())
         terminal.expect("(Pdb) ")
         terminal.type("p x\n")
         assert "42" in terminal.expect("(Pdb) ").splitlines()[-2]
@@ -224,3 +220,21 @@ def test_resident_agents_warm_ranks_pause_and_post_mortem(tmp_path):
 def _paused_files(serving: Serving) -> bool:
     result = serving.call("debug", timeout=60)
     return result.returncode == 0 and "rank 1 (" in result.stdout
+
+
+def test_run_attach_opens_the_first_paused_rank_in_the_runs_terminal(tmp_path):
+    serving = Serving(tmp_path, 2, ("--preload", "json"))
+    try:
+        serving.start().ready()
+        terminal = Terminal(["run", "--attach", JOB], serving.shell_env(), tmp_path)
+        shown = terminal.expect("(Pdb) ", timeout=90)
+        assert f"rank 1 paused at pause_job.py:{PAUSE_LINE} in <module> (breakpoint)" in shown
+        assert "rank 1 on 127.0.0.2, paused at" in shown
+        terminal.type("p x\n")
+        assert "42" in terminal.expect("(Pdb) ").splitlines()[-2]
+        terminal.type("c\n")
+        terminal.expect("rank 1 left pdb")
+        terminal.expect("127.0.0.2:1: after 42")
+        assert terminal.close() == 0
+    finally:
+        serving.kill()

@@ -8,9 +8,7 @@ connection file; everything goes through node 0's authenticated endpoint
 
 from __future__ import annotations
 
-import getpass
 import os
-import socket
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -19,13 +17,11 @@ from typing import Any
 from agent.control.wire import Channel
 from agent.errors import AgentError, ExitCode
 from agent.pause.paused import Paused, render_answers, render_list
-from agent.serve import client
+from agent.serve import client, pdb_terminal
 from agent.serve.commands import not_live
 from agent.text import printable
 from agent.usage import Parser
 
-DETACH = "\x1d"  # Ctrl-]
-REPLY_TIMEOUT = 90.0  # node 0 answers within its own bounded waits; this only catches a lost one
 _HELP_SERVE = "the resident agents' connection file (default: found from SLURM_JOB_ID)"
 
 
@@ -62,7 +58,7 @@ def main(argv: Sequence[str], environ: Mapping[str, str]) -> int:
                 channel, {**base, "action": "command", "ranks": ranks, "line": ns.command}
             )
         if ns.rank is not None and not ns.list:
-            return _attach(channel, {**base, "action": "attach", "rank": ns.rank, "client": _me()})
+            return pdb_terminal.session(channel, {**base, "action": "attach", "rank": ns.rank})
         channel.send({**base, "action": "list"})
         reply = _answer(channel, "paused")
         paused = [Paused.from_json(item) for item in reply if isinstance(item, dict)]
@@ -90,14 +86,7 @@ def _connect(
 
 
 def _answer(channel: Channel, key: str) -> Any:
-    reply = channel.recv(REPLY_TIMEOUT)
-    if reply is None:
-        raise AgentError(
-            "node 0's agent closed the connection (the job may have ended)", ExitCode.RENDEZVOUS
-        )
-    if "error" in reply:
-        code = reply.get("code")
-        raise AgentError(str(reply["error"]), code if isinstance(code, int) else 2)
+    reply = pdb_terminal.reply(channel)
     if key not in reply:
         raise AgentError(
             f"node 0's agent sent no {key!r} (a different version?)", ExitCode.RENDEZVOUS
@@ -107,8 +96,8 @@ def _answer(channel: Channel, key: str) -> Any:
 
 def _command(channel: Channel, request: dict[str, Any]) -> int:
     channel.send(request)
-    reply = channel.recv(REPLY_TIMEOUT)
-    answers = _answer_of(reply)
+    reply = pdb_terminal.reply(channel)
+    answers = reply.get("answers") if isinstance(reply.get("answers"), dict) else {}
     texts = {}
     for rank, answer in answers.items():
         if not (isinstance(answer, dict) and rank.lstrip("-").isdigit()):
@@ -116,25 +105,13 @@ def _command(channel: Channel, request: dict[str, Any]) -> int:
         texts[int(rank)] = str(answer.get("output", "")) + _state_note(answer.get("state"))
     if texts:
         sys.stdout.write(printable(render_answers(texts)))
-    held = reply.get("held") if isinstance(reply, dict) else None
-    for rank, owner in (held or {}).items():
+    held = reply.get("held")
+    for rank, owner in (held if isinstance(held, dict) else {}).items():
         print(
             f"agent debug: rank {rank} is being debugged by {printable(str(owner))}",
             file=sys.stderr,
         )
     return 0
-
-
-def _answer_of(reply: dict[str, Any] | None) -> dict[str, Any]:
-    if reply is None:
-        raise AgentError(
-            "node 0's agent closed the connection (the job may have ended)", ExitCode.RENDEZVOUS
-        )
-    if "error" in reply:
-        code = reply.get("code")
-        raise AgentError(str(reply["error"]), code if isinstance(code, int) else 2)
-    answers = reply.get("answers")
-    return answers if isinstance(answers, dict) else {}
 
 
 def _state_note(state: object) -> str:
@@ -143,66 +120,3 @@ def _state_note(state: object) -> str:
         "running": "\n(the rank runs on; it will pause again at a breakpoint)",
         "busy": "\n(still running that command; ask again for its output)",
     }.get(str(state), "")
-
-
-def _attach(channel: Channel, request: dict[str, Any]) -> int:
-    channel.send(request)
-    found = _answer(channel, "attached")
-    paused = Paused.from_json(found)
-    print(
-        f"rank {paused.rank} on {paused.host}, paused at {paused.file}:{paused.line} in "
-        f"{paused.function} ({paused.reason}); Ctrl-D or Ctrl-] detaches and leaves it paused"
-    )
-    _editing()
-    state = "prompt"
-    output = ""
-    reply: dict[str, Any] | None = None
-    while True:
-        _show(output)
-        if state == "gone":
-            print(f"[agent] rank {paused.rank} left pdb")
-            return 0
-        if state == "prompt":
-            try:
-                line = input("(Pdb) ")
-            except EOFError:
-                print(f"\n[agent] detached; rank {paused.rank} stays paused")
-                return 0
-            if DETACH in line:
-                print(f"[agent] detached; rank {paused.rank} stays paused")
-                return 0
-            channel.send({"line": line})
-        else:
-            channel.send({"take": True})
-        reply = channel.recv(REPLY_TIMEOUT)
-        if reply is None:
-            raise AgentError(
-                "node 0's agent closed the connection (the job may have ended)", ExitCode.RENDEZVOUS
-            )
-        output, state = str(reply.get("output", "")), str(reply.get("state", "busy"))
-        if state == "running" and not output:
-            output = "[agent] the rank runs on; waiting for it to pause again (Ctrl-C leaves)\n"
-
-
-def _show(text: str) -> None:
-    if text:
-        sys.stdout.write(printable(text))
-        sys.stdout.flush()
-
-
-def _editing() -> None:
-    """Line editing and history at the prompt; Ctrl-] ends the line as a detach."""
-    try:
-        import readline
-    except ImportError:
-        return
-    if "libedit" not in (readline.__doc__ or ""):
-        readline.parse_and_bind(r'"\C-]": "\C-e\C-u\035\C-m"')
-
-
-def _me() -> str:
-    try:
-        user = getpass.getuser()
-    except (KeyError, OSError):
-        user = str(os.getuid())
-    return f"{user}@{socket.gethostname()} (pid {os.getpid()})"

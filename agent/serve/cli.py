@@ -56,6 +56,7 @@ class ClientCommand:
     argv: tuple[str, ...] = ()  # run: its arguments as given; node 0 parses them again
     run: Command | None = None
     log_dir: str | None = None  # stacks: the LOG_DIR given
+    attach: bool = False  # run: open a pdb session with the first paused rank
 
 
 def serve_parser() -> Parser:
@@ -81,6 +82,12 @@ def run_parser() -> Parser:
         allow_abbrev=False,
     )
     parser.add_argument("--serve", metavar="FILE", help=_CLIENT_HELP)
+    parser.add_argument(
+        "--attach",
+        action="store_true",
+        help="open a pdb session with the run's first paused rank at once (breakpoint(), "
+        "--pdb), in this terminal; the run's output waits until you detach",
+    )
     add_option_flags(parser, [o for o in OPTIONS if o.name not in SERVE_ONLY])
     add_script_arguments(parser)
     return parser
@@ -113,7 +120,7 @@ def parse_client(action: str, argv: Sequence[str]) -> ClientCommand:
         parser.add_argument("--serve", metavar="FILE", help=_CLIENT_HELP)
         return ClientCommand(action, parser.parse_args(list(argv)).serve)
     ns = run_parser().parse_args(list(argv))
-    return ClientCommand("run", ns.serve, tuple(argv), parse_run(argv))
+    return ClientCommand("run", ns.serve, tuple(argv), parse_run(argv), attach=ns.attach)
 
 
 def _parse_stacks(argv: Sequence[str]) -> ClientCommand:

@@ -9,6 +9,8 @@ Kept free of torch (and of everything a run needs): the client must start at onc
 
 from __future__ import annotations
 
+import re
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -24,6 +26,8 @@ from agent.serve.forward import GaveUp, StopSignals
 from agent.serve.status_view import render_status
 from agent.text import printable
 
+_PAUSED = re.compile(rb"(?m)^rank (\d+) paused at .*: python -m agent debug ")
+_HOLD_LIMIT = 8 << 20  # bytes of run output kept while --attach holds the terminal
 _SLICE = 0.25  # the longest a forwarded Ctrl-C waits before it is sent to node 0
 _STOPPING = "[agent] stopping the run on every node (Ctrl-C again to stop waiting)\n"
 
@@ -90,11 +94,19 @@ def open_channel(
         raise AgentError(message, ExitCode.RENDEZVOUS) from None
 
 
-def run(channel: Channel, request: dict[str, Any], out: BinaryIO, err: BinaryIO) -> int:
+def run(
+    channel: Channel,
+    request: dict[str, Any],
+    out: BinaryIO,
+    err: BinaryIO,
+    attach: Callable[[int, int | None], None] | None = None,
+) -> int:
     """Send the run request, stream its output, return its exit code. A stop signal meanwhile
     is forwarded to node 0 (which stops the run everywhere and still sends the end); a second
-    one stops waiting at once (128 + its number)."""
-    view = _RunView(channel, out, err)
+    one stops waiting at once (128 + its number). `attach(rank, run)` (--attach): called, in
+    a thread of its own, when the console first says a rank paused; the run's output waits
+    meanwhile."""
+    view = _RunView(channel, out, err, attach)
     with StopSignals() as stops:
         try:
             channel.send(request)
@@ -147,9 +159,19 @@ def down(channel: Channel, out: TextIO, timeout: float = 120.0) -> int:
 class _RunView:
     """What the server says during a run, on our stdout and stderr."""
 
-    def __init__(self, channel: Channel, out: BinaryIO, err: BinaryIO) -> None:
+    def __init__(
+        self,
+        channel: Channel,
+        out: BinaryIO,
+        err: BinaryIO,
+        attach: Callable[[int, int | None], None] | None = None,
+    ) -> None:
         self._channel = channel
         self._streams = {1: out, 2: err}
+        self._attach = attach
+        self._held: list[tuple[int, bytes]] | None = None  # output kept while attached
+        self._held_bytes = 0
+        self._lock = threading.Lock()
         self._dead: set[int] = set()
         self._run: int | None = None
         self._log_dir = ""
@@ -159,7 +181,10 @@ class _RunView:
         """Render one message; the exit code once the run is over."""
         try:
             if "out" in msg:
-                self._write(2 if msg.get("fd") == 2 else 1, unpack_bytes(msg["out"]))
+                fd, data = 2 if msg.get("fd") == 2 else 1, unpack_bytes(msg["out"])
+                self._write(fd, data)
+                if fd == 2 and self._attach is not None:
+                    self._paused(data)
             elif "log" in msg:
                 self.line(f"{printable(msg['log'])}\n")
             elif "accepted" in msg:
@@ -167,6 +192,7 @@ class _RunView:
                 self._log_dir = str(msg["accepted"].get("log_dir", ""))
                 self.line(f"[agent] run {self._run}: logs in {self._log_dir}\n")
             elif "end" in msg:
+                self._release()  # the run is over: what waited for a session shows now
                 if msg.get("summary"):
                     self.line(f"summary: {msg['summary']}\n")
                 return _exit_code(msg["end"])
@@ -195,7 +221,36 @@ class _RunView:
             ExitCode.RENDEZVOUS,
         )
 
+    def _paused(self, data: bytes) -> None:
+        """--attach: the first rank the console says paused gets a session."""
+        found = _PAUSED.search(data)
+        if found is None or self._attach is None:
+            return
+        attach, self._attach = self._attach, None
+        self._held = []
+        threading.Thread(
+            target=self._session, args=(attach, int(found.group(1))), daemon=True
+        ).start()
+
+    def _session(self, attach: Callable[[int, int | None], None], rank: int) -> None:
+        try:
+            attach(rank, self._run)
+        finally:
+            self._release()
+
+    def _release(self) -> None:
+        with self._lock:
+            held, self._held = self._held or [], None
+        for fd, data in held:
+            self._write(fd, data)
+
     def _write(self, fd: int, data: bytes) -> None:
+        with self._lock:
+            if self._held is not None:
+                if self._held_bytes < _HOLD_LIMIT:  # beyond it: in the rank files only
+                    self._held.append((fd, data))
+                    self._held_bytes += len(data)
+                return
         if fd in self._dead:
             return
         try:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from agent.errors import AgentError, ExitCode
 from agent.plan.client_env import client_env
-from agent.serve import client
+from agent.serve import client, pdb_terminal
 from agent.serve.cli import parse_client
 from agent.text import printable
 
@@ -48,7 +48,28 @@ def main(action: str, argv: Sequence[str], environ: Mapping[str, str]) -> int:
             return 0
         exported, _ = client_env(environ)  # the secret and the shell's own SLURM_* stay here
         request = {"op": "run", "argv": list(command.argv), "cwd": os.getcwd(), "env": exported}
-        return client.run(channel, request, sys.stdout.buffer, sys.stderr.buffer)
+        attach = None
+        if command.attach:
+            attach = lambda rank, run: _attach(target, environ, home, rank, run)  # noqa: E731
+        return client.run(channel, request, sys.stdout.buffer, sys.stderr.buffer, attach)
+    finally:
+        channel.close()
+
+
+def _attach(
+    target: client.Target, environ: Mapping[str, str], home: Path, rank: int, run: int | None
+) -> None:
+    """`agent run --attach`: a pdb session with `rank` of `run`, over a connection of its own."""
+    try:
+        channel = client.open_channel(target, environ, home)
+    except AgentError as exc:
+        print(f"agent: error: {printable(exc.message)}", file=sys.stderr)
+        return
+    try:
+        request = {"op": "debug", "action": "attach", "rank": rank, "run": run}
+        pdb_terminal.session(channel, request)
+    except AgentError as exc:
+        print(f"agent: error: {printable(exc.message)}", file=sys.stderr)
     finally:
         channel.close()
 
