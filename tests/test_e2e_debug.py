@@ -99,6 +99,11 @@ def test_breakpoint_pauses_a_rank_for_a_pdb_session_in_the_terminal(cluster_fact
     listed = _debug(cluster, "--list")
     assert listed.returncode == 0, listed.stderr
     assert listed.stdout == f"rank 1 (127.0.0.2): {JOB}:{PAUSE_LINE} in <module> (breakpoint)\n"
+    stacks = subprocess.run(
+        [sys.executable, "-m", "agent", "stacks", str(cluster.log_dir)],
+        env=base_env(cluster.tmp), capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert stacks.stdout.startswith("paused in pdb (python -m agent debug):\n" + listed.stdout)
 
     terminal = Terminal.debug(cluster, "--rank", "1")
     terminal.expect("(Pdb) ")

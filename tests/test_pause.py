@@ -266,3 +266,25 @@ def test_a_node_with_a_paused_rank_is_not_quiet():
     paused[0] = False  # it just went on: the clock starts now, not at its last output
     assert watch.tick(3600) is None
     assert store.add(scope.key("quiet"), 0) == 0
+
+
+def test_the_live_table_shows_a_paused_rank_as_paused():
+    import io
+    from types import SimpleNamespace
+
+    from rich.console import Console
+
+    from agent.console.live import LiveView
+
+    now = time.monotonic()
+    pipe = SimpleNamespace(last_output=now - 1000)  # silent far beyond --hang-warning
+    worker = SimpleNamespace(
+        spec=SimpleNamespace(rank=1, host="n1"), out=pipe, err=pipe, returncode=None,
+        proc=SimpleNamespace(pid=os.getpid()),
+    )  # fmt: skip
+    screen = io.StringIO()
+    view = LiveView(Console(file=screen, width=120), hang_warning=300)
+    view.start([worker])
+    view.paused = lambda: {1}
+    view.stop()
+    assert "paused (pdb)" in screen.getvalue() and "HUNG?" not in screen.getvalue()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 
 import psutil
 from rich.console import Console
@@ -22,6 +22,7 @@ class LiveView:
         self.hang_warning = hang_warning
         self._workers: Sequence = ()
         self._procs: dict[int, psutil.Process] = {}
+        self.paused: Callable[[], Collection[int]] = frozenset  # ranks stopped in pdb now
         self._live = Live(
             console=console, refresh_per_second=2, transient=False, get_renderable=self._table
         )
@@ -64,11 +65,12 @@ class LiveView:
         for column in ("rank", "host", "state", "pid", "cpu %", "rss", "silent"):
             table.add_column(column, justify="right" if column not in ("host", "state") else "left")
         now = time.monotonic()
+        paused = self.paused()
         for worker in self._workers:
-            table.add_row(*self._row(worker, now))
+            table.add_row(*self._row(worker, now, worker.spec.rank in paused))
         return table
 
-    def _row(self, worker, now: float) -> list[str | Text]:
+    def _row(self, worker, now: float, paused: bool = False) -> list[str | Text]:
         spec = worker.spec
         silent = now - max(worker.out.last_output, worker.err.last_output)
         cpu, rss = "-", "-"
@@ -80,7 +82,9 @@ class LiveView:
                     rss = f"{proc.memory_info().rss / 2**20:.0f} MiB"
             except psutil.Error:
                 pass
-        if worker.returncode is None:
+        if worker.returncode is None and paused:
+            state = Text("paused (pdb)", style="bold yellow")
+        elif worker.returncode is None:
             state = (
                 Text("HUNG?", style="bold red")
                 if silent > self.hang_warning

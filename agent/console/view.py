@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import BinaryIO
 
@@ -64,6 +64,11 @@ class ConsoleView:
             stream.flush()
         except (OSError, ValueError):
             pass
+
+    def show_paused(self, paused: Callable[[], Collection[int]]) -> None:
+        """The live table asks `paused` which ranks are stopped in pdb (agent.pause)."""
+        if self.live is not None:
+            self.live.paused = paused
 
     def started(self, workers: Sequence) -> None:
         if self.live is not None:

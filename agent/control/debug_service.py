@@ -132,9 +132,10 @@ class DebugService:
             )
 
 
-def paused_ranks(pauses: PauseDesk) -> list[Paused]:
-    found = []
-    for answer in pauses.ask({"op": "list"}):
+def paused_ranks(pauses: PauseDesk | None) -> list[Paused]:
+    """Every node's paused ranks, by rank (none between attempts)."""
+    found: list[Paused] = []
+    for answer in pauses.ask({"op": "list"}) if pauses is not None else ():
         items = answer.get("paused") if isinstance(answer, dict) else None
         for item in items[:65536] if isinstance(items, list) else []:
             try:

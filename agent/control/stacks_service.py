@@ -14,8 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from agent.control import connection, wire
-from agent.control.debug_service import DebugService
+from agent.control.debug_service import DebugService, paused_ranks
 from agent.errors import AgentError
+from agent.pause.paused import render_list
 from agent.plan.rank_set import parse_rank_set
 from agent.run.node_run import Session
 from agent.world import World
@@ -46,6 +47,9 @@ def stacks_reply(session: Session, message: dict[str, Any]) -> dict[str, Any]:
     if wanted is not None:
         stacks = [s for s in stacks if s.rank in wanted or s.rank < 0]
     text = render(collate(stacks))
+    paused = [p for p in paused_ranks(session.pauses) if wanted is None or p.rank in wanted]
+    if paused:  # their stacks show pdb's frames: say why, and how to reach them
+        text = f"paused in pdb (python -m agent debug):\n{render_list(paused)}\n{text}"
     return {"stacks": {"text": text, "seconds": round(time.monotonic() - started, 3)}}
 
 

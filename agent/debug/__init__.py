@@ -102,7 +102,8 @@ def _command(channel: Channel, request: dict[str, Any]) -> int:
     for rank, answer in answers.items():
         if not (isinstance(answer, dict) and rank.lstrip("-").isdigit()):
             continue
-        texts[int(rank)] = str(answer.get("output", "")) + _state_note(answer.get("state"))
+        parts = (str(answer.get("output", "")).rstrip("\n"), _state_note(answer.get("state")))
+        texts[int(rank)] = "\n".join(part for part in parts if part) + "\n"
     if texts:
         sys.stdout.write(printable(render_answers(texts)))
     held = reply.get("held")
@@ -116,7 +117,7 @@ def _command(channel: Channel, request: dict[str, Any]) -> int:
 
 def _state_note(state: object) -> str:
     return {
-        "gone": "\n(the rank left pdb and runs on)",
-        "running": "\n(the rank runs on; it will pause again at a breakpoint)",
-        "busy": "\n(still running that command; ask again for its output)",
+        "gone": "(the rank left pdb and runs on)",
+        "running": "(the rank runs on; it will pause again at a breakpoint)",
+        "busy": "(still running that command; ask again for its output)",
     }.get(str(state), "")

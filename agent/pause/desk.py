@@ -72,6 +72,10 @@ class PauseDesk:
         with self._lock:
             return any(link.paused for link in self._links.values())
 
+    def paused_ranks(self) -> set[int]:
+        with self._lock:
+            return {rank for rank, link in self._links.items() if link.paused}
+
     def local(self) -> list[Paused]:
         with self._lock:
             links = list(self._links.values())

@@ -67,6 +67,7 @@ def run_ranks(
         lambda paused: console.note(console_line(paused, plan.log_dir)),
     )
     pauses.start()
+    console.show_paused(pauses.paused_ranks)
     sup = Supervisor(
         specs,
         stage=stage,
