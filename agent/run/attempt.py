@@ -77,6 +77,7 @@ def run_ranks(
         hang_warning=plan.options.hang_warning,
         hang=_hang_watch(plan, scope, desk, attempt, world, pauses),
         slurm_signals_ranks=slurm_signals_ranks(self.environ),
+        paused=pauses.paused_ranks,
     )
     self.show_desk(desk)
     self.show_pauses(pauses)

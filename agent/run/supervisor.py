@@ -7,7 +7,7 @@ import logging
 import queue
 import signal
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,7 +54,9 @@ class Supervisor:
         hang: Any = None,  # agent.hang.watch.HangWatch when --hang-timeout is set
         pace: Any = None,  # agent.run.pace.PaceWatch when --progress-regex is set
         slurm_signals_ranks: bool = False,  # agent.world.proctrack: the ranks have it already
+        paused: Callable[[], Collection[int]] = frozenset,  # ranks stopped in pdb (agent.pause)
     ) -> None:
+        self.paused = paused
         self.hang = hang
         self.pace = pace
         self.slurm_signals_ranks = slurm_signals_ranks
@@ -210,8 +212,9 @@ class Supervisor:
             if record is not None:
                 self.outcome.failure = self._report(record) or record
                 self._stop(record["how"])
+        paused = self.paused()  # silent by choice: no --hang-warning for them
         for worker in self.workers:
-            if worker.returncode is not None or worker.spec.rank in self._hung:
+            if worker.returncode is not None or worker.spec.rank in self._hung | set(paused):
                 continue
             last = max(worker.out.last_output, worker.err.last_output)
             if now - last > self.hang_warning:
