@@ -99,6 +99,8 @@ def test_breakpoint_pauses_a_rank_for_a_pdb_session_in_the_terminal(cluster_fact
     listed = _debug(cluster, "--list")
     assert listed.returncode == 0, listed.stderr
     assert listed.stdout == f"rank 1 (127.0.0.2): {JOB}:{PAUSE_LINE} in <module> (breakpoint)\n"
+    other = _debug(cluster, "--rank", "0", "-c", "p x")
+    assert other.returncode == 2 and other.stderr.endswith("rank 0 is not paused; paused now: 1\n")
     stacks = subprocess.run(
         [sys.executable, "-m", "agent", "stacks", str(cluster.log_dir)],
         env=base_env(cluster.tmp), capture_output=True, text=True, timeout=60,
@@ -195,7 +197,7 @@ def test_resident_agents_warm_ranks_pause_and_post_mortem(tmp_path):
     try:
         serving.start().ready()
         run = serving.client("run", JOB)
-        wait_for(lambda: _paused_files(serving), 90, "rank 1 to pause", interval=0.1)
+        wait_for(lambda: _rank_one_paused(serving), 90, "rank 1 to pause", interval=0.1)
         listed = serving.call("debug", timeout=60)
         assert listed.returncode == 0, listed.stderr
         assert f"rank 1 (127.0.0.2): {JOB}:{PAUSE_LINE} in <module> (breakpoint)" in listed.stdout
@@ -213,7 +215,7 @@ def test_resident_agents_warm_ranks_pause_and_post_mortem(tmp_path):
         assert "127.0.0.2:1: after 42" in shown, shown
 
         failing = serving.client("run", "--pdb", JOB, "--raise")
-        wait_for(lambda: _paused_files(serving), 90, "rank 1 to pause at its exception")
+        wait_for(lambda: _rank_one_paused(serving), 90, "rank 1 to pause at its exception")
         local = serving.call("debug", "--rank", "1", "-c", "p batch", timeout=60)
         assert local.stdout.splitlines()[3] == "7", local.stdout + local.stderr
         quit = serving.call("debug", "--rank", "1", "-c", "q", timeout=60)
@@ -226,7 +228,7 @@ def test_resident_agents_warm_ranks_pause_and_post_mortem(tmp_path):
         serving.kill()
 
 
-def _paused_files(serving: Serving) -> bool:
+def _rank_one_paused(serving: Serving) -> bool:
     result = serving.call("debug", timeout=60)
     return result.returncode == 0 and "rank 1 (" in result.stdout
 

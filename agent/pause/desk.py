@@ -166,16 +166,15 @@ class PauseDesk:
             ranks = _ranks(request.get("ranks"))
             links = {r: link for r, link in self._links.items() if ranks is None or r in ranks}
         line = request.get("line")
-        if op == "send" and isinstance(line, str):
-            act: Callable[[RankLink], tuple[str, str]] = lambda link: link.exchange(line, wait)  # noqa: E731
-        elif op == "take":
-            act = lambda link: link.take(wait)  # noqa: E731
-        else:
+        if not (op == "take" or op == "send" and isinstance(line, str)):
             return {"answers": {}}
         answers: dict[str, dict[str, str]] = {}
 
-        def one(rank: int, link: RankLink) -> None:
-            output, state = act(link)
+        def one(rank: int, link: RankLink) -> None:  # ranks at once: pdb lines may take time
+            if isinstance(line, str) and op == "send":
+                output, state = link.exchange(line, wait)
+            else:
+                output, state = link.take(wait)
             answers[str(rank)] = {"output": output, "state": state}
 
         threads = [threading.Thread(target=one, args=item) for item in links.items()]

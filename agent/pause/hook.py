@@ -70,16 +70,17 @@ class _Out:
     """pdb's stdout: what it writes goes to the agent when it flushes (before every prompt)."""
 
     def __init__(self, link: Link) -> None:
-        self.link, self.parts = link, []
+        self.link, self.parts, self.size = link, [], 0
 
     def write(self, text: str) -> int:
         self.parts.append(text)
-        if sum(map(len, self.parts)) > OUT_CHUNK:
+        self.size += len(text)
+        if self.size > OUT_CHUNK:
             self.flush()
         return len(text)
 
     def flush(self) -> None:
-        text, self.parts = "".join(self.parts), []
+        text, self.parts, self.size = "".join(self.parts), [], 0
         for start in range(0, len(text), OUT_CHUNK):
             self.link.send({"out": text[start : start + OUT_CHUNK]})
 
