@@ -46,7 +46,9 @@ class PauseDesk:
         self.scope, self.nodes, self.host, self.stage = scope, tuple(nodes), host, stage
         self.announce = announce
         self.path = (
-            os.path.join(directory, f"debug-{os.getpid()}-{stage}.sock") if directory else None
+            os.path.join(directory, f"debug-{os.getpid()}-{stage}-n{scope.index}.sock")
+            if directory
+            else None
         )
         self._links: dict[int, RankLink] = {}
         self._announced: set[int] = set()
