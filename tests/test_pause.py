@@ -134,18 +134,21 @@ class Nodes:
         store = Store(LocalStore(), Endpoint("127.0.0.1", 1), "t/")
         keys = JobKeys.derive(b"pause-test", "job", "0")
         self.said: list[Paused] = []
+        scopes = [Scope(store, "r0/a0", node, keys) for node in (0, 1)]
+        self.stacks = [StackDesk(scope, [0, 1], f"h{scope.index}", list) for scope in scopes]
         self.desks = [
             PauseDesk(
-                Scope(store, "r0/a0", node, keys),
-                [0, 1],
-                f"h{node}",
-                directory if node == 1 else None,
+                scope,
+                stacks,
+                f"h{scope.index}",
+                directory if scope.index == 1 else None,
                 Stage(0, 0),
                 self.said.append,
-            )  # fmt: skip
-            for node in (0, 1)
+            )
+            for scope, stacks in zip(scopes, self.stacks, strict=True)
         ]
-        for desk in self.desks:
+        for stacks, desk in zip(self.stacks, self.desks, strict=True):
+            stacks.start()
             desk.start()
 
     def rank(self, *argv: str, timeout: float | None = None) -> subprocess.Popen:
@@ -174,7 +177,7 @@ class Nodes:
         raise AssertionError("the rank never paused")
 
     def close(self) -> None:
-        self.desks[0].end()
+        self.stacks[0].end()
         for desk in self.desks:
             desk.close()
 

@@ -3,7 +3,9 @@
 Node 0 asks (`ask`): it takes the next request number, publishes the request, and waits a
 bounded time for every agent's answer. Every agent (node 0 too) has a thread blocked on the next
 request key over a connection of its own; it dumps its own ranks (agent.hang.capture) and
-publishes them sealed. Nothing runs while nobody asks: one blocked wait per agent.
+publishes them sealed. Nothing runs while nobody asks: one blocked wait per agent. Other desks post their requests
+through this one (`post`, `relays`: agent.pause answers `agent debug` so), which keeps one
+waiting thread and one store connection per agent whatever the number of desks.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import logging
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import replace
+from typing import Any
 
 from agent.hang.stacks import RankStack
 from agent.node.scope import Scope
@@ -38,6 +41,9 @@ class StackDesk:
         self.ranks, self.fallback_dir = ranks, fallback_dir
         self._lock = threading.Lock()
         self._asking: Scope | None = None  # node 0's own connection for requests
+        # request["desk"] → who answers it instead of this desk: (number, request), returning at
+        # once; it puts its answer under answer_name(number) itself
+        self.relays: dict[str, Callable[[int, dict[str, Any]], None]] = {}
 
     def start(self) -> None:
         threading.Thread(target=self._answer, name="stacks", daemon=True).start()
@@ -53,6 +59,11 @@ class StackDesk:
                 request = side.get(f"stacks/req/{number}", "stacks request")
                 if request.get("end"):
                     return
+                relay = self.relays.get(str(request.get("desk")))
+                if relay is not None:
+                    relay(number, request)
+                    number += 1
+                    continue
                 stacks = capture(
                     self.ranks(),
                     self.host,
@@ -85,6 +96,20 @@ class StackDesk:
                     continue
                 found += [RankStack.from_json(item) for item in _items(answer.get("stacks"))]
             return sorted(found, key=lambda stack: stack.rank)
+
+    def post(self, request: dict[str, Any]) -> int:
+        """Node 0: publish another desk's request to every agent; its number."""
+        with self._lock:
+            if self._asking is None:
+                self._asking = self.scope.on(self.scope.store.another_client())
+            s = self._asking
+            number = s.store.add(s.key("stacks", "seq"))
+            s.put(f"stacks/req/{number}", request)
+            return number
+
+    def answer_name(self, number: int, node: int | None = None) -> str:
+        """Where node `node` (default: this one) answers request `number`."""
+        return f"stacks/{number}/{self.scope.index if node is None else node}"
 
     def end(self) -> None:
         """Node 0, the attempt is over: the answering threads return."""

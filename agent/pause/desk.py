@@ -2,14 +2,15 @@
 
 Every agent listens on a unix socket in its private 0700 directory (agent.hang.fallback), named
 to its ranks by AGENT_DEBUG_SOCKET; a rank that pauses connects (agent.pause.hook) and is a
-`RankLink` until its session ends. Requests travel as `agent stacks` ones do: node 0 (`ask`)
-numbers one, publishes it sealed in the attempt's scope and waits, bounded, for every agent's
-answer; every agent has a thread blocked on the next request key. No port is opened: clients
-reach node 0's authenticated endpoint only (agent.control.debug_service).
+`RankLink` until its session ends. Requests travel with `agent stacks` ones, through the
+attempt's StackDesk (agent.hang.desk: `post`, `relays`): node 0 (`ask`) publishes one sealed in
+the attempt's scope and waits, bounded, for every agent's answer; each agent's stacks thread
+hands it here, and a thread of its own answers (a pdb line may take seconds). No port is opened:
+clients reach node 0's authenticated endpoint only (agent.control.debug_service).
 
 Requests: {"op": "list"} → {"paused": [records]}; {"op": "send", "ranks", "line", "wait"} and
 {"op": "take", "ranks", "wait"} → {"answers": {rank: {"output", "state"}}} for the ranks this
-node holds; {"op": "end"}: the attempt is over.
+node holds.
 """
 
 from __future__ import annotations
@@ -19,9 +20,10 @@ import logging
 import os
 import socket
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from typing import Any
 
+from agent.hang.desk import StackDesk
 from agent.node.scope import Scope
 from agent.node.stage import Stage
 from agent.pause.hook import SOCKET_ENV
@@ -31,19 +33,20 @@ from agent.pause.paused import Paused
 log = logging.getLogger("agent")
 ANSWER_SLACK = 3.0  # seconds node 0 waits beyond what a request allows each node
 MAX_WAIT = 30.0  # the longest one request may hold a node's answer
+DESK = "pause"  # what our requests say in the StackDesk's `desk` field
 
 
 class PauseDesk:
     def __init__(
         self,
         scope: Scope,
-        nodes: Sequence[int],  # the agents that run ranks in this attempt
+        stacks: StackDesk,  # the attempt's: its requests carry ours
         host: str,
         directory: str | None,  # this agent's private directory (None: no debugging here)
         stage: Stage,
         announce: Callable[[Paused], None],  # once per rank: the console line
     ) -> None:
-        self.scope, self.nodes, self.host, self.stage = scope, tuple(nodes), host, stage
+        self.scope, self.stacks, self.host, self.stage = scope, stacks, host, stage
         self.announce = announce
         self.path = (
             os.path.join(directory, f"debug-{os.getpid()}-{stage}-n{scope.index}.sock")
@@ -53,7 +56,6 @@ class PauseDesk:
         self._links: dict[int, RankLink] = {}
         self._announced: set[int] = set()
         self._lock = threading.Lock()
-        self._asking: Scope | None = None
         self._spare: list[Scope] = []  # store connections for reply and ask threads
         self._listener: socket.socket | None = None
 
@@ -63,7 +65,7 @@ class PauseDesk:
             self._listener = self._listen(self.path)
         if self._listener is not None:
             threading.Thread(target=self._accept, name="pause-accept", daemon=True).start()
-        threading.Thread(target=self._answer, name="pause-desk", daemon=True).start()
+        self.stacks.relays[DESK] = self._relay
 
     def env(self) -> dict[str, str]:
         """What this node's ranks need to find it."""
@@ -129,23 +131,14 @@ class PauseDesk:
         if first and link.where is not None:
             self.announce(link.where)
 
-    def _answer(self) -> None:
-        side = self.scope.on(self.scope.store.another_client())
-        number = 1
-        with contextlib.suppress(Exception):  # the store went away: the attempt is over
-            while True:
-                side.store.wait([side.key("pause", "req", number)], None)
-                request = side.get(f"pause/req/{number}", "debug request")
-                if request.get("op") == "end":
-                    return
-                threading.Thread(
-                    target=self._reply, args=(number, request), name="pause-reply", daemon=True
-                ).start()  # a slow pdb command on one rank must not hold the next request
-                number += 1
+    def _relay(self, number: int, request: dict[str, Any]) -> None:
+        threading.Thread(
+            target=self._reply, args=(number, request), name="pause-reply", daemon=True
+        ).start()  # a slow pdb command on one rank must not hold the next request
 
     def _reply(self, number: int, request: dict[str, Any]) -> None:
         with contextlib.suppress(Exception), self._connection() as side:
-            side.put(f"pause/{number}/{self.scope.index}", self.handle(request))
+            side.put(self.stacks.answer_name(number), self.handle(request))
 
     @contextlib.contextmanager
     def _connection(self) -> Iterator[Scope]:
@@ -190,23 +183,11 @@ class PauseDesk:
     def ask(self, request: dict[str, Any]) -> list[dict[str, Any] | None]:
         """Every node's answer to `request` (None: a node that did not answer in time)."""
         wait = _wait(request.get("wait"))
-        with self._lock:
-            if self._asking is None:
-                self._asking = self.scope.on(self.scope.store.another_client())
-            s = self._asking
-            number = s.store.add(s.key("pause", "seq"))
-            s.put(f"pause/req/{number}", request)
+        number = self.stacks.post({**request, "desk": DESK})
+        names = [self.stacks.answer_name(number, node) for node in self.stacks.nodes]
         with self._connection() as asking:
-            keys = [asking.key("pause", number, i) for i in self.nodes]
-            asking.store.wait(keys, wait + ANSWER_SLACK)
-            return [asking.get_if(f"pause/{number}/{i}", "debug answer") for i in self.nodes]
-
-    def end(self) -> None:
-        """Node 0, the attempt is over: the answering threads return."""
-        with contextlib.suppress(Exception), self._lock:
-            s = self._asking or self.scope
-            number = s.store.add(s.key("pause", "seq"))
-            s.put(f"pause/req/{number}", {"op": "end"})
+            asking.store.wait([asking.key(name) for name in names], wait + ANSWER_SLACK)
+            return [asking.get_if(name, "debug answer") for name in names]
 
 
 def _wait(value: object) -> float:

@@ -60,7 +60,7 @@ def run_ranks(
     console = ConsoleView(plan.options, self.sinks)
     pauses = PauseDesk(
         scope,
-        roster.nodes,
+        desk,
         world.host,
         private_dir(),
         stage,
@@ -127,7 +127,6 @@ def run_ranks(
         _forget_dumps(sup)
         if self.world.agent_index == 0:
             desk.end()
-            pauses.end()
         console.close()
     outcome.warnings += console.router.losses()
     outcome.progressed = console.router.progressed()
