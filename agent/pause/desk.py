@@ -26,6 +26,7 @@ from typing import Any
 from agent.hang.desk import StackDesk
 from agent.node.scope import Scope
 from agent.node.stage import Stage
+from agent.pause import acceptor
 from agent.pause.hook import SOCKET_ENV
 from agent.pause.link import RankLink
 from agent.pause.paused import Paused
@@ -64,7 +65,7 @@ class PauseDesk:
         if self.path is not None:
             self._listener = self._listen(self.path)
         if self._listener is not None:
-            threading.Thread(target=self._accept, name="pause-accept", daemon=True).start()
+            acceptor.register(self._listener, self._accepted)
         self.stacks.relays[DESK] = self._relay
 
     def env(self) -> dict[str, str]:
@@ -88,6 +89,7 @@ class PauseDesk:
     def close(self) -> None:
         """The attempt is over here: the socket goes, and every session with it."""
         if self._listener is not None:
+            acceptor.unregister(self._listener)
             with contextlib.suppress(OSError):
                 self._listener.close()
             with contextlib.suppress(OSError):
@@ -111,14 +113,8 @@ class PauseDesk:
             return None
         return sock
 
-    def _accept(self) -> None:
-        listener = self._listener
-        while listener is not None:
-            try:
-                conn, _ = listener.accept()
-            except OSError:
-                return
-            RankLink(conn, self.host, self._paused).start()
+    def _accepted(self, conn: socket.socket) -> None:
+        RankLink(conn, self.host, self._paused).start()
 
     def _paused(self, link: RankLink) -> None:
         with self._lock:
