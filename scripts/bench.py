@@ -2,11 +2,13 @@
 
     python scripts/bench.py [--quick] [--out bench-results] [--only launch,teardown,...]
     python scripts/bench.py --only scale [--quick]   # not in the default run (~3 min; --quick <1)
+    python scripts/bench.py --only debug             # not in the default run (~10 s)
 
 Writes a markdown report to stdout and <out>/bench.md, raw numbers to <out>/bench.json.
 Sections: launch overhead, teardown latency, rendezvous scale (+ reverse DNS), tee throughput,
 CLI start, steady-state agent cost, relaunch latency (resident agents, warm ranks), hang detection
-and `agent stacks`, node loss → the next attempt on a hot spare, refusals of hostile input.
+and `agent stacks`, node loss → the next attempt on a hot spare, refusals of hostile input;
+on request: scale, `agent debug`.
 Each section has a time budget; repetitions stop when it is spent (every cell still gets at least
 one run), so the whole run stays under 10 minutes.
 """
@@ -30,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench import (  # noqa: E402
     cli_start,
+    debug,
     hang,
     launch,
     node_loss,
@@ -56,9 +59,10 @@ SECTIONS = (
     "nodeloss",
     "refusals",
     "scale",
+    "debug",
 )
 # Sections run only when --only names them: scale alone takes 2.5-4.5 minutes (--quick: < 1).
-ON_REQUEST = ("scale",)
+ON_REQUEST = ("scale", "debug")
 # What each section costs with one repetition per cell on this machine (seconds, loaded); the
 # sections before it keep this much of the run's time free for it.
 MIN_COST = {
@@ -73,6 +77,7 @@ MIN_COST = {
     "nodeloss": 60,
     "refusals": 5,
     "scale": 60,
+    "debug": 20,
 }
 RUN_SECONDS = 560  # the whole run; the hard limit is 10 minutes
 
@@ -137,6 +142,7 @@ def plan(quick: bool) -> dict[str, Any]:
             "nodeloss": {"sizes": [4], "reps": 1, "budget": 60},
             "refusals": {"tries": 1},
             "scale": {"sizes": list(scale.QUICK), "idle_s": 3.0, "budget": 60},
+            "debug": {"reps": 5},
         }
     return {
         "launch": {"sizes": [1, 4, 8], "reps": {1: 3, 4: 3, 8: 2}, "budget": 280},
@@ -150,6 +156,7 @@ def plan(quick: bool) -> dict[str, Any]:
         "nodeloss": {"sizes": [4, 8], "reps": 2, "budget": 150},
         "refusals": {"tries": 5},
         "scale": {"sizes": list(scale.SIZES), "idle_s": 5.0, "budget": 300},
+        "debug": {"reps": 10},
     }
 
 
@@ -184,6 +191,8 @@ def run_section(
         return relaunch.run(
             cfg["rounds"], cfg["warm_per_round"], cfg["slurm_warm"], budget, work, log
         )
+    if name == "debug":
+        return debug.run(cfg["reps"], work, log)
     if name == "hang":
         return hang.run(cfg["sizes"], cfg["rounds"], tuple(cfg["stacks_reps"]), budget, work, log)
     if name == "scale":
@@ -209,6 +218,7 @@ SUMMARIZERS: dict[
     "nodeloss": node_loss.summarize,
     "refusals": refusals.summarize,
     "scale": scale.summarize,
+    "debug": debug.summarize,
 }
 
 
