@@ -109,7 +109,12 @@ class PauseDesk:
             sock.listen(64)
         except OSError as exc:
             sock.close()
-            log.warning("cannot listen on %s (breakpoint() in ranks gets plain pdb): %s", path, exc)
+            log.warning(
+                "cannot listen on %s (breakpoint() in ranks falls back to plain pdb on /dev/null, "
+                "which ends them in BdbQuit): %s",
+                path,
+                exc,
+            )
             return None
         return sock
 
