@@ -12,6 +12,7 @@ from agent.console.view import ConsoleView
 from agent.hang.desk import StackDesk
 from agent.hang.fallback import fallback_path, private_dir
 from agent.hang.watch import HangWatch
+from agent.metrics.recorder import RunMetrics
 from agent.node.events import AbortSeen, StoreLost
 from agent.node.scope import Scope
 from agent.plan.rank_set import format_ranges
@@ -75,7 +76,7 @@ def run_ranks(
     if early is not None:
         self.events.put(AbortSeen(stage, early))
     console = ConsoleView(plan.options, self.sinks)
-    pace = _pace_watch(plan, scope, console, attempt, world, roster.nodes)
+    pace = _pace_watch(plan, scope, console, attempt, world, roster.nodes, self.metrics)
     sup.pace = pace
     warm = self.warm if self.warm is not None and self.warm.enabled else None
     warm = None if plan.options.cold else warm
@@ -101,6 +102,7 @@ def run_ranks(
             if warm.resident or attempt < plan.options.max_restarts:
                 warm.ensure(self.environ)  # for the next attempt or run, once ours started
         console.started(started)
+        self.metrics.ranks_started(attempt, plan.world_size)
         return started
 
     try:
@@ -143,7 +145,13 @@ def _hang_watch(plan: Any, scope: Scope, desk: StackDesk, attempt: int, w: World
 
 
 def _pace_watch(
-    plan: Any, scope: Scope, console: ConsoleView, attempt: int, w: World, agents: Any
+    plan: Any,
+    scope: Scope,
+    console: ConsoleView,
+    attempt: int,
+    w: World,
+    agents: Any,
+    metrics: RunMetrics,
 ) -> PaceWatch | None:
     if plan.options.progress_regex is None:
         return None
@@ -157,6 +165,8 @@ def _pace_watch(
         factor=plan.options.straggler_factor,
         leader=w.agent_index == 0,
         attempt=attempt,
+        metrics=metrics,
+        on_look=console.pace_seen,
     )
 
 

@@ -18,6 +18,7 @@ from typing import Any
 from agent.console.view import Sinks
 from agent.errors import ExitCode
 from agent.hang.desk import StackDesk
+from agent.metrics.recorder import RunMetrics
 from agent.node import stage as stages
 from agent.node.scope import Scope
 from agent.node.signals import Signals
@@ -64,6 +65,7 @@ class Attempts:
     spawn: Callable[..., list[workers.Worker]] = workers.spawn  # the scale bench fakes ranks
     roster: Roster | None = None  # who runs, waits, is out: the last lineup's
     seatings: list[dict[str, Any]] = field(default_factory=list)  # node 0: ranks.json
+    metrics: RunMetrics = field(default_factory=RunMetrics)  # node 0's is read (--metrics-port)
 
     def execute(self, prepared: Prepared) -> int:
         try:
@@ -79,8 +81,10 @@ class Attempts:
         attempt = 0
         while True:
             stages.enter(self.stage.at(attempt))
+            self.metrics.attempt_started(attempt)
             lineup = roll_call(self, prepared, roster, attempt)
             self.roster = roster = lineup.roster
+            self.metrics.lined_up(roster, self.hosts())
             if leader:
                 self._seat(prepared, lineup, attempt)
             if lineup.end is not None:
@@ -140,6 +144,8 @@ class Attempts:
             }
         )
         decision = {"restart": verdict.restart, "code": verdict.code}
+        ended = [(verdict.root_cause or {}).get("time"), *(e.end for e in outcome.exits)]
+        self.metrics.attempt_ended(attempt, ended)
         if verdict.restart:
             log.warning(
                 "attempt %d failed (%s); restarting the whole world (%d of %d)",
@@ -210,6 +216,7 @@ class Attempts:
         excluded = self.roster.excluded if self.roster else ()
         summary = build_summary(job, history, code, excluded=[e.to_json() for e in excluded])
         path = outputs.write_summary(prepared.plan.log_dir, summary)
+        self.metrics.finished(code)
         shown = path or "not written (see above)"
         (log.info if code == 0 else log.error)("%s\nsummary: %s", render_report(summary), shown)
 

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from agent.hang.desk import StackDesk
+from agent.metrics.recorder import RunMetrics
+from agent.metrics.server import run_metrics
 from agent.node import stage as stages
 from agent.node.agent import NodeAgent
 from agent.node.stage import Stage
@@ -82,6 +84,10 @@ class Session:
         reporter = node.reporter
         # Out for the rest of the job: nodes excluded in earlier runs (resident) and lost peers.
         before = {e.agent: e.why for e in self.roster.excluded} if self.roster else {}
+        # Node 0's numbers of the run (--metrics-port: /metrics while it lasts, metrics.prom).
+        metrics = RunMetrics()
+        if node.leader:
+            metrics = run_metrics(prepared.plan, node.world, stage.run, lambda: reporter.lost_peers)
         attempts = Attempts(
             world=node.world,
             stage=stage,
@@ -102,12 +108,14 @@ class Session:
             hosts=node.membership.hosts,
             read_topology=read_topology,
             show_desk=self._show,
+            metrics=metrics,
             **extra,
         )
         try:
             return attempts.execute(prepared)
         finally:
             self.roster = attempts.roster  # node 0, resident: exclusions hold for later runs
+            metrics.close()  # metrics.prom written, the server stopped
 
     def _show(self, desk: StackDesk | None) -> None:
         self.desk = desk
