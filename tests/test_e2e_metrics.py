@@ -1,14 +1,18 @@
 """`--metrics-port`: node 0's /metrics while a job runs, metrics.prom at its end, with real
-agents on loopback; and a resident run's server gone when its run ends."""
+agents on loopback (and the job's straggler shaded by `agent logs --timeline`); a resident
+run's server gone when its run ends."""
 
 from __future__ import annotations
 
 import re
 import socket
+import subprocess
+import sys
 import urllib.request
+import xml.etree.ElementTree as ET
 
 import pytest
-from cluster import FIXTURE, wait_for
+from cluster import FIXTURE, base_env, wait_for
 from prometheus_client.parser import text_string_to_metric_families
 from serving import Serving
 
@@ -88,6 +92,15 @@ def test_metrics_during_a_job_and_metrics_prom_at_its_end(cluster_factory):
     assert 0 <= first < 30
     assert 0 <= phases[(("attempt", "0"), ("phase", "teardown"))] < 30
     assert end["launch_agent_straggler_episodes_total"][()] >= 1
+    picture = cluster.tmp / "job.svg"
+    drawn = subprocess.run(
+        [sys.executable, "-m", "agent", "logs", str(cluster.log_dir), "--timeline", str(picture)],
+        env=base_env(cluster.tmp), capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert drawn.returncode == 0, drawn.stderr
+    shaded = ET.fromstring(picture.read_text()).findall(".//{*}rect[@class='straggler']")
+    assert len(shaded) == 2  # node 1's two rank lanes
+    assert all("node 1 (127.0.0.2)" in s.findtext("{*}title") for s in shaded)
 
 
 def test_a_resident_run_serves_only_while_it_lasts(tmp_path):

@@ -32,12 +32,12 @@ class LiveView:
         self.hang_warning = hang_warning
         self._workers: Sequence = ()
         self._procs: dict[int, psutil.Process] = {}
-        self._live = Live(
+        self._clocks: Callable[[], Mapping[int, StepClock]] | None = None
+        self.job: JobPace | None = None  # node 0: set on each look at the job's pace
+        self._live = Live(  # draws once already: every field the table reads is set above
             console=console, refresh_per_second=2, transient=False, get_renderable=self._table
         )
         self._lock = threading.Lock()
-        self._clocks: Callable[[], Mapping[int, StepClock]] | None = None
-        self.job: JobPace | None = None  # node 0: set on each look at the job's pace
 
     def follow_steps(self, clocks: Callable[[], Mapping[int, StepClock]]) -> None:
         """Show the step columns, from these clocks (the router's)."""
