@@ -166,7 +166,7 @@ def _pace_watch(
         leader=w.agent_index == 0,
         attempt=attempt,
         metrics=metrics,
-        on_look=console.pace_seen,
+        on_look=console.pace_seen if console.live is not None else None,
     )
 
 

@@ -84,7 +84,6 @@ class Attempts:
             self.metrics.attempt_started(attempt)
             lineup = roll_call(self, prepared, roster, attempt)
             self.roster = roster = lineup.roster
-            self.metrics.lined_up(roster, self.hosts())
             if leader:
                 self._seat(prepared, lineup, attempt)
             if lineup.end is not None:
@@ -189,7 +188,9 @@ class Attempts:
     def _seat(self, prepared: Prepared, lineup: Lineup, attempt: int) -> None:
         plan = prepared.plan
         per_task = self.world.task is not None
-        record = seating(lineup.roster, self.hosts(), plan.nproc_per_node, attempt, per_task)
+        hosts = self.hosts()
+        record = seating(lineup.roster, hosts, plan.nproc_per_node, attempt, per_task)
+        self.metrics.lined_up(lineup.roster, hosts)
         self.seatings.append(record)
         outputs.write_ranks(plan.log_dir, self.seatings, plan.nproc_per_node, per_task)
 
