@@ -78,15 +78,17 @@ class RunMetrics:
         self,
         attempt: int,
         progress: Sequence[float | None],
-        steps: Sequence[RankStep],
+        medians: Sequence[float],
+        ranks: Sequence[RankStep],
         stragglers: Sequence[Straggling],
         episodes: int,
     ) -> None:
         """Node 0's look at every node's pace (once a second): per node rank its last progress
-        line (node 0's monotonic clock), every rank's median step time, who straggles now."""
+        line (node 0's monotonic clock), every rank's median step time (`ranks`: the same per
+        rank, only up to RANK_SERIES ranks), who straggles now."""
         if not self.exported:
             return
-        times = StepTimes.of(steps)
+        times = StepTimes.of(medians, ranks)
         seen = [p for p in progress if p is not None]
         first = min(seen) if seen else None
 

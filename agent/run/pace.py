@@ -20,7 +20,7 @@ from typing import Any
 
 from agent.console.stream import JobPace, StepClock
 from agent.metrics.recorder import RunMetrics
-from agent.metrics.state import RankStep, Straggling
+from agent.metrics.state import RANK_SERIES, RankStep, Straggling
 from agent.node.scope import Scope
 from agent.node.sealed import tell_refused
 from agent.node.trust import Refused
@@ -140,13 +140,18 @@ class PaceWatch:
         """Node 0, --metrics-port: this look's numbers to the run's recorder (O(ranks))."""
         assert self.metrics is not None
         progress = [self._progress.get(node, (0, None))[1] for node in range(len(self.agents))]
-        steps = [RankStep(p.rank, p.node_rank, p.median) for p in paces if p.steps]
+        medians = [p.median for p in paces if p.steps]
+        ranks = (
+            [RankStep(p.rank, p.node_rank, p.median) for p in paces if p.steps]
+            if len(paces) <= RANK_SERIES
+            else []
+        )
         worst: dict[int, float] = {}
         for s in self.active:
             slowdown = s.median / s.job_median if s.job_median > 0 else 0.0
             worst[s.node_rank] = max(worst.get(s.node_rank, 0.0), slowdown)
         slow = [Straggling(node, worst[node]) for node in sorted(worst)]
-        self.metrics.paced(self.attempt, progress, steps, slow, len(self.episodes))
+        self.metrics.paced(self.attempt, progress, medians, ranks, slow, len(self.episodes))
 
     def _records(self) -> list[dict[str, Any]]:
         """Every node's latest pace record: one round trip once each has posted (a key, once
