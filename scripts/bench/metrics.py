@@ -158,7 +158,8 @@ def summarize(data: dict[str, Any]) -> tuple[Table, list[Target], dict[str, Any]
             f"{r['series']:,} / {r['bytes'] / 1024:.0f} KiB",
         )
     at = next((r for r in data["rows"] if r["nodes"] == 1024), None)
-    measured = f"{at['render_cpu_ms']:.2f} ms CPU" if at else "n/a"
-    ok = at["render_cpu_ms"] <= TARGET_MS if at else None
+    # The whole scrape as node 0 pays it: the render and the HTTP exchange.
+    measured = f"{at['http_cpu_ms']:.2f} ms CPU (render {at['render_cpu_ms']:.2f})" if at else "n/a"
+    ok = at["http_cpu_ms"] <= TARGET_MS if at else None
     target = Target("Metrics: one scrape at 1,024 nodes", f"≤ {TARGET_MS:g} ms", measured, ok)
     return table, [target], {"rows": data["rows"]}
