@@ -261,3 +261,34 @@ def test_an_address_not_ours_falls_back_to_every_interface(caplog):
         assert server.addr == "0.0.0.0"
     finally:
         server.close()
+
+
+def test_a_failing_render_is_one_line_and_the_server_goes_on(caplog):
+    answers = iter([RuntimeError("bug"), b"launch_agent_up 1\n"])
+
+    def render() -> bytes:
+        answer = next(answers)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    server = MetricsServer(render, "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{server.port}/metrics"
+    try:
+        with pytest.raises(OSError):  # the connection closes without a reply
+            urllib.request.urlopen(url, timeout=10).read()
+        with urllib.request.urlopen(url, timeout=10) as reply:
+            assert reply.read() == b"launch_agent_up 1\n"
+    finally:
+        server.close()
+    assert any(
+        "a scrape from" in r.getMessage() and "bug" in r.getMessage() for r in caplog.records
+    )
+
+
+def test_close_never_raises_and_runs_every_closer(caplog):
+    metrics, closed = RunMetrics(), []
+    metrics.on_close(lambda: closed.append("server"))
+    metrics.on_close(lambda: 1 / 0)  # the textfile, say
+    metrics.close()
+    assert closed == ["server"] and "metrics: division by zero" in caplog.text

@@ -8,6 +8,7 @@ on); nothing reads theirs. Cost per hook: O(1), except `paced` (O(nodes + ranks)
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Collection, Sequence
@@ -15,6 +16,8 @@ from dataclasses import replace
 
 from agent.metrics.state import AttemptTimes, RankStep, RunState, StepTimes, Straggling
 from agent.plan.roster import Roster
+
+log = logging.getLogger("agent")
 
 
 class RunMetrics:
@@ -124,6 +127,11 @@ class RunMetrics:
         self._closers.append(closer)
 
     def close(self) -> None:
-        """The run is over: what was attached (the textfile, the server) ends, last first."""
+        """The run is over: what was attached (the textfile, the server) ends, last first.
+        Never raises: the run's exit code is decided already, its numbers must not change it."""
         while self._closers:
-            self._closers.pop()()
+            closer = self._closers.pop()
+            try:
+                closer()
+            except Exception as exc:
+                log.error("metrics: %s", exc)

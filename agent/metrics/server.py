@@ -16,6 +16,7 @@ import ipaddress
 import logging
 import os
 import socket
+import sys
 import threading
 from collections.abc import Callable, Collection
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -128,6 +129,12 @@ class MetricsServer:
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     render: Callable[[], bytes]
+
+    def handle_error(self, request: object, client_address: object) -> None:
+        """One line, not socketserver's traceback on the job's console (a scraper that hung
+        up mid-reply, or a bug of ours: the run goes on either way)."""
+        failed = sys.exc_info()[1]
+        log.warning("metrics: a scrape from %s failed: %r", client_address, failed)
 
 
 class _V6Server(_Server):
