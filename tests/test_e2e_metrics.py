@@ -127,3 +127,20 @@ def test_a_resident_run_serves_only_while_it_lasts(tmp_path):
         assert serving.wait(30) == [0], serving.dump()
     finally:
         serving.kill()
+
+
+def test_metrics_prom_counts_a_restart(cluster_factory):
+    cluster = cluster_factory(1).start(
+        ["--nproc-per-node", "2", "--max-restarts", "1", "--metrics-port", "0", FIXTURE,
+         "--exit", "3", "--on", "1", "--fail-attempts", "1"]
+    )  # fmt: skip
+    assert cluster.wait(120) == [0], cluster.dump()
+    end = _samples((cluster.log_dir / "metrics.prom").read_text())
+    assert end["launch_agent_attempts_total"][()] == 2
+    assert end["launch_agent_restarts_total"][()] == 1
+    assert end["launch_agent_exit_code"][()] == 0
+    phases = end["launch_agent_attempt_phase_seconds"]
+    for attempt in ("0", "1"):
+        for phase in ("rendezvous", "teardown"):
+            assert 0 <= phases[(("attempt", attempt), ("phase", phase))] < 30, phases
+    assert "launch_agent_node_seconds_since_progress" not in end  # no --progress-regex
