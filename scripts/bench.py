@@ -6,7 +6,8 @@
 Writes a markdown report to stdout and <out>/bench.md, raw numbers to <out>/bench.json.
 Sections: launch overhead, teardown latency, rendezvous scale (+ reverse DNS), tee throughput,
 CLI start, steady-state agent cost, relaunch latency (resident agents, warm ranks), hang detection
-and `agent stacks`, node loss → the next attempt on a hot spare, refusals of hostile input.
+and `agent stacks`, node loss → the next attempt on a hot spare, refusals of hostile input;
+on request (`--only metrics`): one scrape of node 0's /metrics against its pace look.
 Each section has a time budget; repetitions stop when it is spent (every cell still gets at least
 one run), so the whole run stays under 10 minutes.
 """
@@ -32,6 +33,7 @@ from bench import (  # noqa: E402
     cli_start,
     hang,
     launch,
+    metrics,
     node_loss,
     rdzv,
     refusals,
@@ -56,9 +58,10 @@ SECTIONS = (
     "nodeloss",
     "refusals",
     "scale",
+    "metrics",
 )
 # Sections run only when --only names them: scale alone takes 2.5-4.5 minutes (--quick: < 1).
-ON_REQUEST = ("scale",)
+ON_REQUEST = ("scale", "metrics")
 # What each section costs with one repetition per cell on this machine (seconds, loaded); the
 # sections before it keep this much of the run's time free for it.
 MIN_COST = {
@@ -73,6 +76,7 @@ MIN_COST = {
     "nodeloss": 60,
     "refusals": 5,
     "scale": 60,
+    "metrics": 30,
 }
 RUN_SECONDS = 560  # the whole run; the hard limit is 10 minutes
 
@@ -137,6 +141,7 @@ def plan(quick: bool) -> dict[str, Any]:
             "nodeloss": {"sizes": [4], "reps": 1, "budget": 60},
             "refusals": {"tries": 1},
             "scale": {"sizes": list(scale.QUICK), "idle_s": 3.0, "budget": 60},
+            "metrics": {"sizes": [64, 1024], "reps": 10},
         }
     return {
         "launch": {"sizes": [1, 4, 8], "reps": {1: 3, 4: 3, 8: 2}, "budget": 280},
@@ -150,6 +155,7 @@ def plan(quick: bool) -> dict[str, Any]:
         "nodeloss": {"sizes": [4, 8], "reps": 2, "budget": 150},
         "refusals": {"tries": 5},
         "scale": {"sizes": list(scale.SIZES), "idle_s": 5.0, "budget": 300},
+        "metrics": {"sizes": [64, 1024, 4096], "reps": 40},
     }
 
 
@@ -192,6 +198,8 @@ def run_section(
         return node_loss.run(cfg["sizes"], cfg["reps"], budget, work, log)
     if name == "refusals":
         return refusals.run(cfg["tries"], work, log)
+    if name == "metrics":
+        return metrics.run(cfg["sizes"], cfg["reps"], work, log)
     return steady.run(cfg["seconds"], work, log)
 
 
@@ -209,6 +217,7 @@ SUMMARIZERS: dict[
     "nodeloss": node_loss.summarize,
     "refusals": refusals.summarize,
     "scale": scale.summarize,
+    "metrics": metrics.summarize,
 }
 
 

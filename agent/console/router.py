@@ -239,6 +239,11 @@ class LogRouter:
         with self._lock:
             return dict(self._clocks)
 
+    @property
+    def numbers_steps(self) -> bool:
+        """--progress-regex has a group named `step`: progress lines carry step numbers."""
+        return self._step_group is not None
+
     def progressed(self) -> bool:
         """Whether any rank printed a progress line (--progress-regex) since this router began."""
         return any(c.lines for c in self.clocks().values())

@@ -52,6 +52,8 @@ class Options:
     progress_regex: str | None = _default("progress_regex")
     straggler_factor: float = _default("straggler_factor")
     restart_without_progress: bool = _default("restart_without_progress")
+    metrics_port: int | None = _default("metrics_port")
+    metrics_addr: str | None = _default("metrics_addr")
     cold: bool = _default("cold")
     preload: str = _default("preload")
     sysfs_root: str = _default("sysfs_root")

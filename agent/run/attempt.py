@@ -12,6 +12,7 @@ from agent.console.view import ConsoleView
 from agent.hang.desk import StackDesk
 from agent.hang.fallback import fallback_path, private_dir
 from agent.hang.watch import HangWatch
+from agent.metrics.recorder import RunMetrics
 from agent.node.events import AbortSeen, StoreLost
 from agent.node.scope import Scope
 from agent.node.seat import RunSeat
@@ -42,10 +43,12 @@ class NodeAttempt:
         prepared: Prepared,
         scope: Scope,  # the attempt's keys (r<run>/a<attempt>)
         environ: Mapping[str, str],  # the ranks' base env
+        metrics: RunMetrics,  # node 0's numbers of the run (silent elsewhere)
     ) -> None:
         assert stage.attempt is not None, "an attempt's stage names it"
         self.seat, self.tools, self.stage, self.number = seat, tools, stage, stage.attempt
         self.prepared, self.scope, self.environ = prepared, scope, environ
+        self.metrics = metrics
         self.desk: StackDesk | None = None  # where `agent stacks` reaches our ranks
         self.running = False  # ranks may be up: the desk answers
 
@@ -93,7 +96,7 @@ class NodeAttempt:
         if early is not None:
             seat.events.put(AbortSeen(stage, early))
         console = ConsoleView(plan.options, tools.sinks)
-        pace = _pace_watch(plan, scope, console, attempt, world, roster.nodes)
+        pace = _pace_watch(plan, scope, console, attempt, world, roster.nodes, self.metrics)
         sup.pace = pace
         warm = None if plan.options.cold else tools.warm_enabled
 
@@ -120,6 +123,7 @@ class NodeAttempt:
                 if warm.resident or attempt < plan.options.max_restarts:
                     warm.ensure(self.environ)  # for the next attempt or run, once ours started
             console.started(started)
+            self.metrics.ranks_started(attempt, plan.world_size)
             return started
 
         try:
@@ -170,6 +174,7 @@ def _pace_watch(
     attempt: int,
     w: World,
     agents: Sequence[int],
+    metrics: RunMetrics,
 ) -> PaceWatch | None:
     if plan.options.progress_regex is None:
         return None
@@ -183,6 +188,8 @@ def _pace_watch(
         factor=plan.options.straggler_factor,
         leader=w.agent_index == 0,
         attempt=attempt,
+        metrics=metrics,
+        on_look=console.pace_seen if console.live is not None else None,
     )
 
 

@@ -16,6 +16,7 @@ from typing import Any
 
 from agent.errors import ExitCode
 from agent.hang.desk import StackDesk
+from agent.metrics.recorder import RunMetrics
 from agent.node import stage as stages
 from agent.node.scope import Scope
 from agent.node.seat import RunSeat
@@ -51,9 +52,11 @@ class Run:
         prepared: Prepared,
         tools: RunTools,
         roster: Roster | None = None,  # the session's (resident: earlier runs' exclusions hold)
+        metrics: RunMetrics | None = None,  # node 0's is read (--metrics-port); else silent
     ) -> None:
         self.seat, self.stage, self.prepared, self.tools = seat, stage, prepared, tools
         self.roster = roster
+        self.metrics = metrics if metrics is not None else RunMetrics()
         self.environ = {**seat.environ, **(prepared.plan.env or {})}  # a client's, over the node's
         self.seatings: list[dict[str, Any]] = []  # node 0: ranks.json
         self.attempt: NodeAttempt | None = None  # this node's share of the running attempt
@@ -89,6 +92,7 @@ class Run:
         attempt = 0
         while True:
             stages.enter(self.stage.at(attempt))
+            self.metrics.attempt_started(attempt)
             call = RollCall(seat, self.tools, prepared, roster, attempt, self._scope(f"l{attempt}"))
             lineup = call.lineup(self.lost)
             self.roster = roster = lineup.roster
@@ -113,7 +117,13 @@ class Run:
                 active = {agent: rank for rank, agent in enumerate(roster.nodes)}
                 seat.enter(scope, active)
                 self.attempt = NodeAttempt(
-                    seat, self.tools, self.stage.at(attempt), prepared, scope, self.environ
+                    seat,
+                    self.tools,
+                    self.stage.at(attempt),
+                    prepared,
+                    scope,
+                    self.environ,
+                    self.metrics,
                 )
                 outcome = self.attempt.run(lineup.port, roster)
                 if outcome.store_lost:
@@ -154,6 +164,8 @@ class Run:
             }
         )
         decision = {"restart": verdict.restart, "code": verdict.code}
+        ended = [(verdict.root_cause or {}).get("time"), *(e.end for e in outcome.exits)]
+        self.metrics.attempt_ended(attempt, ended)
         if verdict.restart:
             log.warning(
                 "attempt %d failed (%s); restarting the whole world (%d of %d)",
@@ -197,7 +209,9 @@ class Run:
     def _seat(self, prepared: Prepared, lineup: Lineup, attempt: int) -> None:
         plan = prepared.plan
         per_task = self.seat.world.task is not None
-        record = seating(lineup.roster, self.seat.hosts(), plan.nproc_per_node, attempt, per_task)
+        hosts = self.seat.hosts()
+        record = seating(lineup.roster, hosts, plan.nproc_per_node, attempt, per_task)
+        self.metrics.lined_up(lineup.roster, hosts)
         self.seatings.append(record)
         outputs.write_ranks(plan.log_dir, self.seatings, plan.nproc_per_node, per_task)
 
@@ -224,6 +238,7 @@ class Run:
         excluded = self.roster.excluded if self.roster else ()
         summary = build_summary(job, history, code, excluded=[e.to_json() for e in excluded])
         path = outputs.write_summary(prepared.plan.log_dir, summary)
+        self.metrics.finished(code)
         shown = path or "not written (see above)"
         (log.info if code == 0 else log.error)("%s\nsummary: %s", render_report(summary), shown)
 

@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from agent.hang.desk import StackDesk
+from agent.metrics.recorder import RunMetrics
+from agent.metrics.server import run_metrics
 from agent.node import stage as stages
 from agent.node.seat import RunSeat
 from agent.node.stage import Stage
@@ -70,11 +72,16 @@ class Session:
             names=list(seat.names),
             absent=self.absent if plan is not None else (),
         )
-        current = Run(seat, stage, prepared, tools, self.roster)
+        # Node 0's numbers of the run (--metrics-port: /metrics while it lasts, metrics.prom).
+        metrics = RunMetrics()
+        if seat.leader:
+            metrics = run_metrics(prepared.plan, seat.world, stage.run, lambda: seat.lost().keys())
+        current = Run(seat, stage, prepared, tools, self.roster, metrics)
         self.running = current
         try:
             result = current.execute()
         finally:
             self.running = None
             self.roster = current.roster  # node 0, resident: exclusions hold for later runs
+            metrics.close()  # metrics.prom written, the server stopped
         return result.code
