@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, fields, replace
 from typing import Any, Protocol
 
@@ -174,6 +174,8 @@ class ProgressPattern(Protocol):
     """A compiled --progress-regex: RE2's Pattern (linear time in the bytes searched)."""
 
     def search(self, text: bytes) -> object: ...
+
+    def finditer(self, text: bytes) -> Iterator[object]: ...
 
 
 def progress_pattern(text: str) -> ProgressPattern:
