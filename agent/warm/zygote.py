@@ -1,8 +1,12 @@
 """Agent side of a zygote: start it, fork ranks from it, learn their exits. Torch-free.
 
-A rank forked by the zygote is the zygote's child, so the zygote reaps it and reports the exit
-over the control socket; one reader thread per Zygote turns those reports into WarmProcess
-results. Protocol: see zygote_main.py.
+Where the agent is a child subreaper (every agent is: agent.run.workers.become_subreaper), each
+rank is adopted: the zygote forks it through a middle process that exits at once, so the rank is
+re-parented to the agent, dies with the agent (its PDEATHSIG is set once adopted), outlives the
+zygote, and is reaped by the agent itself. Elsewhere (a process that is no subreaper) a rank is
+the zygote's child and dies with it: the zygote reaps it and reports the exit over the control
+socket, which one reader thread per Zygote turns into WarmProcess results. Either way the rank
+runs nothing until the agent knows its pid (the "go" pipe). Protocol: see zygote_main.py.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from agent.warm.process import (
     Pending,
     WarmProcess,
     ZygoteGone,
+    adopts_orphans,
     exit_after_zygote,
     file_tail,
     import_paths,
@@ -133,6 +138,7 @@ class Zygote:
             raise ValueError("env differs from the zygote's in what its imports read (fits())")
         if not self.ready:
             raise ZygoteGone(self._why_not())
+        adopt = adopts_orphans()
         request = {
             "op": "fork",
             "kind": command.kind,
@@ -146,28 +152,35 @@ class Zygote:
             "strict": bool(strict),
             "fast_exit": self.fast_exit,
             "fallback_dir": fallback_dir,  # stacks by faulthandler where py-spy cannot attach
+            "adopt": adopt,  # through a middle process, so that the rank becomes our child
         }
-        (out_r, out_w), (err_r, err_w) = os.pipe(), os.pipe()
-        pending = Pending(argv, out_r, err_r)
+        (out_r, out_w), (err_r, err_w), (go_r, go_w) = os.pipe(), os.pipe(), os.pipe()
+        pending = Pending(argv, out_r, err_r, adopt)
         try:
-            self._send(request, pending, [out_w, err_w])
-        except BaseException:
-            pending.close()
-            raise
+            try:
+                self._send(request, pending, [out_w, err_w, go_r])
+            except BaseException:
+                pending.close()
+                raise
+            finally:
+                for fd in (out_w, err_w, go_r):  # the zygote has its own copies now (or never will)
+                    os.close(fd)
+            if not pending.answered.wait(FORK_REPLY_TIMEOUT):
+                self.close()
+            if pending.proc is None:
+                pending.close()
+                if pending.error:
+                    raise ZygoteGone(f"zygote {self.pid} could not fork: {pending.error}")
+                raise ZygoteGone(self._why_not())
+            with contextlib.suppress(OSError):  # EPIPE: it died already; its exit tells
+                os.write(go_w, b"g")  # we know its pid: it may run (closing unread: it exits)
         finally:
-            os.close(out_w)  # the zygote has its own copies now (or never will)
-            os.close(err_w)
-        if not pending.answered.wait(FORK_REPLY_TIMEOUT):
-            self.close()
-        if pending.proc is None:
-            pending.close()
-            if pending.error:
-                raise ZygoteGone(f"zygote {self.pid} could not fork: {pending.error}")
-            raise ZygoteGone(self._why_not())
+            os.close(go_w)
         return pending.proc
 
     def close(self) -> None:
-        """Kill the zygote (the ranks it forked follow by PDEATHSIG) and reap it; idempotent."""
+        """Kill the zygote and reap it; idempotent. Adopted ranks run on (they are the agent's);
+        the zygote's own children follow it by PDEATHSIG."""
         self._proc.kill()  # a no-op once Popen has reaped it
         self._proc.wait()
         with contextlib.suppress(OSError):
@@ -229,14 +242,17 @@ class Zygote:
             elif op == "forked":
                 pending = self._pending.pop(message["id"])
                 if "pid" in message:
-                    pending.proc = self._ranks[message["id"]] = pending.started(message["pid"])
+                    pending.proc = pending.started(message["pid"])
+                    if not pending.proc.adopted:  # the zygote reaps it and reports its exit
+                        self._ranks[message["id"]] = pending.proc
                 pending.error = message.get("error", "")
                 pending.answered.set()
             elif op == "exit":
                 self._ranks.pop(message["id"]).exited(message["code"])
 
     def _lost(self) -> None:
-        """The zygote is gone: it answers no more, and its ranks die by PDEATHSIG."""
+        """The zygote is gone: it answers no more, and the ranks it reaped itself (not adopted:
+        this process is no subreaper) die by PDEATHSIG, which their exit record says."""
         status = self._proc.wait()
         with self._lock:
             self._gone = True
