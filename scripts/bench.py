@@ -6,7 +6,8 @@
 Writes a markdown report to stdout and <out>/bench.md, raw numbers to <out>/bench.json.
 Sections: launch overhead, teardown latency, rendezvous scale (+ reverse DNS), tee throughput,
 CLI start, steady-state agent cost, relaunch latency (resident agents, warm ranks), hang detection
-and `agent stacks`, node loss → the next attempt on a hot spare, refusals of hostile input.
+and `agent stacks`, node loss → the next attempt on a hot spare, refusals of hostile input; on
+request only: scale, warm fork (what adopting warm ranks costs).
 Each section has a time budget; repetitions stop when it is spent (every cell still gets at least
 one run), so the whole run stays under 10 minutes.
 """
@@ -40,6 +41,7 @@ from bench import (  # noqa: E402
     steady,
     teardown,
     tee,
+    warm_fork,
 )
 from bench import common as c  # noqa: E402
 from bench.stats import Table, Target, targets_table  # noqa: E402
@@ -56,9 +58,11 @@ SECTIONS = (
     "nodeloss",
     "refusals",
     "scale",
+    "warmfork",
 )
-# Sections run only when --only names them: scale alone takes 2.5-4.5 minutes (--quick: < 1).
-ON_REQUEST = ("scale",)
+# Sections run only when --only names them: scale alone takes 2.5-4.5 minutes (--quick: < 1);
+# warmfork measures one design choice of agent.warm (what adopting warm ranks costs).
+ON_REQUEST = ("scale", "warmfork")
 # What each section costs with one repetition per cell on this machine (seconds, loaded); the
 # sections before it keep this much of the run's time free for it.
 MIN_COST = {
@@ -73,6 +77,7 @@ MIN_COST = {
     "nodeloss": 60,
     "refusals": 5,
     "scale": 60,
+    "warmfork": 60,
 }
 RUN_SECONDS = 560  # the whole run; the hard limit is 10 minutes
 
@@ -137,6 +142,7 @@ def plan(quick: bool) -> dict[str, Any]:
             "nodeloss": {"sizes": [4], "reps": 1, "budget": 60},
             "refusals": {"tries": 1},
             "scale": {"sizes": list(scale.QUICK), "idle_s": 3.0, "budget": 60},
+            "warmfork": {"reps": 3},
         }
     return {
         "launch": {"sizes": [1, 4, 8], "reps": {1: 3, 4: 3, 8: 2}, "budget": 280},
@@ -150,6 +156,7 @@ def plan(quick: bool) -> dict[str, Any]:
         "nodeloss": {"sizes": [4, 8], "reps": 2, "budget": 150},
         "refusals": {"tries": 5},
         "scale": {"sizes": list(scale.SIZES), "idle_s": 5.0, "budget": 300},
+        "warmfork": {"reps": 10},
     }
 
 
@@ -192,6 +199,8 @@ def run_section(
         return node_loss.run(cfg["sizes"], cfg["reps"], budget, work, log)
     if name == "refusals":
         return refusals.run(cfg["tries"], work, log)
+    if name == "warmfork":
+        return warm_fork.run(cfg["reps"], work, log)
     return steady.run(cfg["seconds"], work, log)
 
 
@@ -209,6 +218,7 @@ SUMMARIZERS: dict[
     "nodeloss": node_loss.summarize,
     "refusals": refusals.summarize,
     "scale": scale.summarize,
+    "warmfork": warm_fork.summarize,
 }
 
 

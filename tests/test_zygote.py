@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.warm.process import WarmProcess, ZygoteGone
+from agent.warm.process import RankStart, WarmProcess, ZygoteGone
 from agent.warm.zygote import Zygote
 
 pytestmark = pytest.mark.e2e
@@ -318,6 +318,27 @@ def test_files_left_open_are_flushed_at_exit(zygote, tmp_path):
     target = tmp_path / "left-open.txt"
     assert warm(zygote, [EXIT, "unflushed", str(target)]) == (0, "", "")
     assert target.read_text() == "written at exit\n"
+
+
+def test_ranks_forked_together_hold_only_their_own_pipes(light_zygote):
+    """One request forks both ranks: the first one's output ends (EOF) when it exits, though
+    the second, forked after it from the same request, still runs."""
+    zygote, env = light_zygote
+    starts = [
+        RankStart((sys.executable, EXIT, "text", "first"), env, str(FIXTURES)),
+        RankStart((sys.executable, EXIT, "wait"), env, str(FIXTURES)),
+    ]
+    first, second = zygote.fork_all(starts)
+    assert isinstance(first, WarmProcess) and isinstance(second, WarmProcess)
+    out = b""
+    while chunk := os.read(first.stdout_fd, 4096):  # EOF only once every copy is closed
+        out += chunk
+    assert out == b"noisy: imported\nfirst\n" and first.wait(30) == 0
+    assert second.poll() is None
+    os.killpg(second.pid, signal.SIGKILL)
+    assert second.wait(30) == -signal.SIGKILL
+    for fd in (first.stderr_fd, second.stdout_fd, second.stderr_fd):
+        os.close(fd)
 
 
 def test_killpg_reaches_the_rank_children(zygote):

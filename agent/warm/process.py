@@ -10,7 +10,8 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 _GONE_WAIT = 5.0  # seconds for a rank to die by PDEATHSIG once its zygote is gone
 _PR_GET_CHILD_SUBREAPER = 37
@@ -123,6 +124,20 @@ class WarmProcess:
 
     def __repr__(self) -> str:
         return f"WarmProcess(pid={self.pid}, returncode={self.returncode})"
+
+
+@dataclass(frozen=True)
+class RankStart:
+    """One rank to fork: `argv` with exactly `env` in `cwd`, bound as agent/run/child.py binds a
+    fresh rank (None: unbound)."""
+
+    argv: tuple[str, ...]
+    env: Mapping[str, str]
+    cwd: str
+    cpus: tuple[int, ...] | None = None
+    mems: tuple[int, ...] | None = None
+    strict: bool = False
+    fallback_dir: str | None = None  # stacks by faulthandler where py-spy cannot attach
 
 
 class Pending:

@@ -48,16 +48,17 @@ class Origin:
 
 
 def become_rank(
-    request: Mapping[str, Any], pipes: Sequence[int], origin: Origin
+    request: Mapping[str, Any], pipes: Sequence[int], origin: Origin, adopted: bool
 ) -> tuple[int, bool]:
-    """Runs in the child, given its stdout, stderr and go pipes. Returns only after the user's
+    """Runs in the child, given its stdout, stderr and go pipes, adopted by the agent or the
+    zygote's own child. Returns only after the user's
     code ran, with (exit code, uncaught KeyboardInterrupt) for the interpreter's own shutdown; a
     failure before that ends the child here with a message on its stderr, as nothing may return
     into the zygote's loop."""
     code = 70  # EX_SOFTWARE: the rank could not be started
     out_fd, err_fd, go_fd = pipes
     try:
-        _detach(origin, go_fd, bool(request.get("adopt")))
+        _detach(origin, go_fd, adopted)
         _take_fds(out_fd, err_fd, origin)
         code = _prepare(request, origin)
         if code == 0:

@@ -16,8 +16,10 @@ from typing import Any
 from agent.warm.rank_start import Origin, become_rank
 
 IGNORED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
-_MAX_FDS = 64  # per recvmsg; one request carries three, the kernel never merges two requests'
-_FDS_PER_REQUEST = 3  # the rank's stdout and stderr pipes, and the read end of its go pipe
+_FDS_PER_RANK = 3  # the rank's stdout and stderr pipes, and the read end of its go pipe
+# Per recvmsg: SCM_MAX_FD, the most one message can carry (the agent sends 64 ranks' at most);
+# the kernel never merges two messages' descriptors into one read.
+_MAX_FDS = 253
 
 
 class _Loop:
@@ -31,7 +33,7 @@ class _Loop:
         self.selector.register(self.wake_r, selectors.EVENT_READ)
         self.buffer = b""
         self.fds: collections.deque[int] = collections.deque()  # received, not yet handed out
-        self.ranks: dict[int, int] = {}  # pid -> request id, for the ranks not adopted
+        self.ranks: dict[int, int] = {}  # pid -> the rank's id, for the ranks not adopted
 
     def close_in_child(self) -> None:
         """A rank must not hold the zygote's control socket (its EOF is how the agent learns the
@@ -49,7 +51,7 @@ class _Loop:
             os._exit(0)
 
     def receive(self) -> list[tuple[dict[str, Any], list[int]]]:
-        """Complete requests, each with its three descriptors."""
+        """Complete messages, each with its ranks' descriptors (three per rank)."""
         data, fds, _, _ = socket.recv_fds(self.control, 1 << 16, _MAX_FDS)
         if not data:
             os._exit(0)  # the agent closed the channel or died
@@ -57,10 +59,11 @@ class _Loop:
         *lines, self.buffer = (self.buffer + data).split(b"\n")
         found = []
         for line in lines:
-            request = json.loads(line)
-            if len(self.fds) < _FDS_PER_REQUEST:
-                os._exit(3)  # a request without its pipes: the protocol is broken
-            found.append((request, [self.fds.popleft() for _ in range(_FDS_PER_REQUEST)]))
+            message = json.loads(line)
+            wanted = _FDS_PER_RANK * len(message["ranks"])
+            if len(self.fds) < wanted:
+                os._exit(3)  # a message without its pipes: the protocol is broken
+            found.append((message, [self.fds.popleft() for _ in range(wanted)]))
         return found
 
     def reap(self) -> None:
@@ -71,7 +74,7 @@ class _Loop:
                 return
             if pid == 0:
                 return
-            rid = self.ranks.pop(pid, None)  # None: a middle process (see _adopted)
+            rid = self.ranks.pop(pid, None)  # None: a middle process (see _start_ranks)
             if rid is not None:
                 code = os.waitstatus_to_exitcode(status)  # -N for signal N, as Popen reports
                 self.send({"op": "exit", "id": rid, "pid": pid, "code": code})
@@ -87,68 +90,94 @@ def _fork_quietly() -> int:
         return os.fork()
 
 
-def _fork_rank(
-    loop: _Loop, request: dict[str, Any], pipes: list[int], origin: Origin
+def _start_ranks(
+    loop: _Loop, message: dict[str, Any], fds: list[int], origin: Origin
 ) -> tuple[int, bool] | None:
-    """Fork one rank and answer the agent; returns only in the rank, after its code ran."""
-    adopt = bool(request.get("adopt"))
-    report_r, report_w = os.pipe() if adopt else (-1, -1)
-    error = ""
+    """Fork the message's ranks and answer the agent, one "forked" per rank; returns only in a
+    rank, after its code ran. Adopted ranks are forked by one middle process for the lot (one
+    extra fork and exit per message, not per rank)."""
+    ranks = message["ranks"]
+    pipes = [fds[i : i + _FDS_PER_RANK] for i in range(0, len(fds), _FDS_PER_RANK)]
+    if not message.get("adopt"):
+        started, ran = _fork_each(ranks, pipes, origin, False, ())
+        if ran is not None:
+            return ran
+        for request, pid in zip(ranks, started, strict=True):
+            if isinstance(pid, int):
+                loop.ranks[pid] = request["id"]
+        _answer(loop, ranks, started)
+        return None
+    report_r, report_w = os.pipe()
     try:
-        pid = _fork_quietly()
+        middle = _fork_quietly()
     except OSError as exc:
-        pid, error = -1, str(exc)
-    if pid == 0:
-        if adopt:
-            os.close(report_r)
-            return _middle(request, pipes, origin, report_w)
-        return become_rank(request, pipes, origin)
-    for fd in pipes:
-        os.close(fd)
-    if adopt:
-        os.close(report_w)
-        if pid > 0:
-            pid, error = _adopted(report_r, pid)
+        middle, why = -1, str(exc)
+    if middle == 0:
         os.close(report_r)
-    if pid > 0:
-        if not adopt:
-            loop.ranks[pid] = request["id"]
-        loop.send({"op": "forked", "id": request["id"], "pid": pid})
-    else:
-        loop.send({"op": "forked", "id": request["id"], "error": error})
+        started, ran = _fork_each(ranks, pipes, origin, True, (report_w,))
+        if ran is not None:
+            return ran
+        try:  # orphaned now, the ranks are re-parented to the nearest subreaper: the agent
+            os.write(report_w, json.dumps(started).encode())
+        finally:
+            os._exit(0)  # at once: nothing of the zygote's may run on here
+    os.close(report_w)
+    for fd in fds:
+        os.close(fd)
+    started = _report(report_r, middle, len(ranks)) if middle > 0 else [why] * len(ranks)
+    os.close(report_r)
+    _answer(loop, ranks, started)
     return None
 
 
-def _middle(
-    request: dict[str, Any], pipes: list[int], origin: Origin, report_w: int
-) -> tuple[int, bool]:
-    """In the middle process: fork the rank, say its pid, exit. Orphaned, the rank is re-parented
-    to the nearest subreaper up the tree, the agent (the zygote, its child, is none)."""
-    try:
-        pid = _fork_quietly()
-        answer = str(pid)
-    except OSError as exc:
-        pid, answer = -1, f"cannot fork: {exc}"
-    if pid == 0:
-        os.close(report_w)
-        return become_rank(request, pipes, origin)
-    try:
-        os.write(report_w, answer.encode())
-    finally:
-        os._exit(0)  # at once: nothing of the zygote's may run on here
+def _fork_each(
+    ranks: list[dict[str, Any]],
+    pipes: list[list[int]],
+    origin: Origin,
+    adopted: bool,
+    not_theirs: tuple[int, ...],
+) -> tuple[list[int | str], tuple[int, bool] | None]:
+    """Fork each rank in turn: ([pid, or why not, per rank], None) here; in a rank, what
+    become_rank returned. A rank gets only its own pipes (those of the ranks forked before it
+    are closed here already)."""
+    started: list[int | str] = []
+    for index, (request, own) in enumerate(zip(ranks, pipes, strict=True)):
+        try:
+            pid: int | str = _fork_quietly()
+        except OSError as exc:
+            pid = str(exc)
+        if pid == 0:
+            for fd in [*not_theirs, *(fd for later in pipes[index + 1 :] for fd in later)]:
+                os.close(fd)
+            return started, become_rank(request, own, origin, adopted)
+        for fd in own:
+            os.close(fd)
+        started.append(pid)
+    return started, None
 
 
-def _adopted(report_r: int, middle: int) -> tuple[int, str]:
-    """The rank's pid once the middle process is reaped — so re-parented to the agent, whose
-    waitpid then finds it — or -1 and why not."""
+def _report(report_r: int, middle: int, count: int) -> list[int | str]:
+    """The middle process's pids once it is reaped — its ranks re-parented to the agent by then,
+    so the agent's waitpid finds them."""
     answer = b""
-    while chunk := os.read(report_r, 256):
+    while chunk := os.read(report_r, 1 << 16):
         answer += chunk
-    os.waitpid(middle, 0)  # the SIGCHLD loop cannot take it first: it runs between requests
-    text = answer.decode(errors="replace")
-    if text.isdigit():
-        return int(text), ""
-    return -1, text or "the middle process died before forking the rank"
+    os.waitpid(middle, 0)  # the SIGCHLD loop cannot take it first: it runs between messages
+    try:
+        started = json.loads(answer)
+    except ValueError:
+        started = None
+    if not isinstance(started, list) or len(started) != count:
+        return ["the middle process died before it forked the ranks"] * count
+    return started
+
+
+def _answer(loop: _Loop, ranks: list[dict[str, Any]], started: list[int | str]) -> None:
+    for request, pid in zip(ranks, started, strict=True):
+        if isinstance(pid, int):
+            loop.send({"op": "forked", "id": request["id"], "pid": pid})
+        else:
+            loop.send({"op": "forked", "id": request["id"], "error": pid})
 
 
 def serve(
@@ -183,7 +212,7 @@ def serve(
                         break
                 loop.reap()
                 continue
-            for request, pipes in loop.receive():
-                ran = _fork_rank(loop, request, pipes, origin)
+            for message, fds in loop.receive():
+                ran = _start_ranks(loop, message, fds, origin)
                 if ran is not None:
-                    return ran  # in the rank, after its code ran
+                    return ran  # in a rank, after its code ran
