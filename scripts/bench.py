@@ -6,8 +6,9 @@
 Writes a markdown report to stdout and <out>/bench.md, raw numbers to <out>/bench.json.
 Sections: launch overhead, teardown latency, rendezvous scale (+ reverse DNS), tee throughput,
 CLI start, steady-state agent cost, relaunch latency (resident agents, warm ranks), hang detection
-and `agent stacks`, node loss → the next attempt on a hot spare, refusals of hostile input;
-on request (`--only metrics`): one scrape of node 0's /metrics against its pace look.
+and `agent stacks`, node loss → the next attempt on a hot spare, refusals of hostile input; on
+request only (`--only NAME`): scale, metrics (one scrape of node 0's /metrics against its pace
+look), warm fork (what adopting warm ranks costs).
 Each section has a time budget; repetitions stop when it is spent (every cell still gets at least
 one run), so the whole run stays under 10 minutes.
 """
@@ -42,6 +43,7 @@ from bench import (  # noqa: E402
     steady,
     teardown,
     tee,
+    warm_fork,
 )
 from bench import common as c  # noqa: E402
 from bench.stats import Table, Target, targets_table  # noqa: E402
@@ -59,9 +61,11 @@ SECTIONS = (
     "refusals",
     "scale",
     "metrics",
+    "warmfork",
 )
-# Sections run only when --only names them: scale alone takes 2.5-4.5 minutes (--quick: < 1).
-ON_REQUEST = ("scale", "metrics")
+# Sections run only when --only names them: scale alone takes 2.5-4.5 minutes (--quick: < 1);
+# warmfork measures one design choice of agent.warm (what adopting warm ranks costs).
+ON_REQUEST = ("scale", "metrics", "warmfork")
 # What each section costs with one repetition per cell on this machine (seconds, loaded); the
 # sections before it keep this much of the run's time free for it.
 MIN_COST = {
@@ -77,6 +81,7 @@ MIN_COST = {
     "refusals": 5,
     "scale": 60,
     "metrics": 30,
+    "warmfork": 60,
 }
 RUN_SECONDS = 560  # the whole run; the hard limit is 10 minutes
 
@@ -142,6 +147,7 @@ def plan(quick: bool) -> dict[str, Any]:
             "refusals": {"tries": 1},
             "scale": {"sizes": list(scale.QUICK), "idle_s": 3.0, "budget": 60},
             "metrics": {"sizes": [64, 1024], "reps": 10},
+            "warmfork": {"reps": 3},
         }
     return {
         "launch": {"sizes": [1, 4, 8], "reps": {1: 3, 4: 3, 8: 2}, "budget": 280},
@@ -156,6 +162,7 @@ def plan(quick: bool) -> dict[str, Any]:
         "refusals": {"tries": 5},
         "scale": {"sizes": list(scale.SIZES), "idle_s": 5.0, "budget": 300},
         "metrics": {"sizes": [64, 1024, 4096], "reps": 40},
+        "warmfork": {"reps": 10},
     }
 
 
@@ -200,6 +207,8 @@ def run_section(
         return refusals.run(cfg["tries"], work, log)
     if name == "metrics":
         return metrics.run(cfg["sizes"], cfg["reps"], work, log)
+    if name == "warmfork":
+        return warm_fork.run(cfg["reps"], work, log)
     return steady.run(cfg["seconds"], work, log)
 
 
@@ -218,6 +227,7 @@ SUMMARIZERS: dict[
     "refusals": refusals.summarize,
     "scale": scale.summarize,
     "metrics": metrics.summarize,
+    "warmfork": warm_fork.summarize,
 }
 
 
