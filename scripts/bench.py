@@ -7,8 +7,10 @@
 Writes a markdown report to stdout and <out>/bench.md, raw numbers to <out>/bench.json.
 Sections: launch overhead, teardown latency, rendezvous scale (+ reverse DNS), tee throughput,
 CLI start, steady-state agent cost, relaunch latency (resident agents, warm ranks), hang detection
-and `agent stacks`, node loss → the next attempt on a hot spare, refusals of hostile input;
-on request: scale, `agent debug`.
+and `agent stacks`, node loss → the next attempt on a hot spare, refusals of hostile input; on
+request only (`--only NAME`): scale, metrics (one scrape of node 0's /metrics against its pace
+look), warm fork (what adopting warm ranks costs),
+`agent debug` (a pdb line to a paused rank).
 Each section has a time budget; repetitions stop when it is spent (every cell still gets at least
 one run), so the whole run stays under 10 minutes.
 """
@@ -35,6 +37,7 @@ from bench import (  # noqa: E402
     debug,
     hang,
     launch,
+    metrics,
     node_loss,
     rdzv,
     refusals,
@@ -43,6 +46,7 @@ from bench import (  # noqa: E402
     steady,
     teardown,
     tee,
+    warm_fork,
 )
 from bench import common as c  # noqa: E402
 from bench.stats import Table, Target, targets_table  # noqa: E402
@@ -59,10 +63,13 @@ SECTIONS = (
     "nodeloss",
     "refusals",
     "scale",
+    "metrics",
+    "warmfork",
     "debug",
 )
-# Sections run only when --only names them: scale alone takes 2.5-4.5 minutes (--quick: < 1).
-ON_REQUEST = ("scale", "debug")
+# Sections run only when --only names them: scale alone takes 2.5-4.5 minutes (--quick: < 1);
+# warmfork measures one design choice of agent.warm (what adopting warm ranks costs).
+ON_REQUEST = ("scale", "metrics", "warmfork", "debug")
 # What each section costs with one repetition per cell on this machine (seconds, loaded); the
 # sections before it keep this much of the run's time free for it.
 MIN_COST = {
@@ -77,6 +84,8 @@ MIN_COST = {
     "nodeloss": 60,
     "refusals": 5,
     "scale": 60,
+    "metrics": 30,
+    "warmfork": 60,
     "debug": 20,
 }
 RUN_SECONDS = 560  # the whole run; the hard limit is 10 minutes
@@ -142,6 +151,8 @@ def plan(quick: bool) -> dict[str, Any]:
             "nodeloss": {"sizes": [4], "reps": 1, "budget": 60},
             "refusals": {"tries": 1},
             "scale": {"sizes": list(scale.QUICK), "idle_s": 3.0, "budget": 60},
+            "metrics": {"sizes": [64, 1024], "reps": 10},
+            "warmfork": {"reps": 3},
             "debug": {"reps": 5},
         }
     return {
@@ -156,6 +167,8 @@ def plan(quick: bool) -> dict[str, Any]:
         "nodeloss": {"sizes": [4, 8], "reps": 2, "budget": 150},
         "refusals": {"tries": 5},
         "scale": {"sizes": list(scale.SIZES), "idle_s": 5.0, "budget": 300},
+        "metrics": {"sizes": [64, 1024, 4096], "reps": 40},
+        "warmfork": {"reps": 10},
         "debug": {"reps": 10},
     }
 
@@ -201,6 +214,10 @@ def run_section(
         return node_loss.run(cfg["sizes"], cfg["reps"], budget, work, log)
     if name == "refusals":
         return refusals.run(cfg["tries"], work, log)
+    if name == "metrics":
+        return metrics.run(cfg["sizes"], cfg["reps"], work, log)
+    if name == "warmfork":
+        return warm_fork.run(cfg["reps"], work, log)
     return steady.run(cfg["seconds"], work, log)
 
 
@@ -218,6 +235,8 @@ SUMMARIZERS: dict[
     "nodeloss": node_loss.summarize,
     "refusals": refusals.summarize,
     "scale": scale.summarize,
+    "metrics": metrics.summarize,
+    "warmfork": warm_fork.summarize,
     "debug": debug.summarize,
 }
 

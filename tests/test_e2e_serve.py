@@ -199,31 +199,67 @@ def test_a_lost_node_is_named_when_a_run_is_refused(two):
     assert "node 1 (127.0.0.2) lost" in result.stderr, result.stderr
 
 
-def test_a_killed_zygote_is_named_as_the_root_cause(tmp_path):
-    """SIGKILL of the zygote mid-run kills its warm ranks (PDEATHSIG): the report says so."""
+# A rank that says whether it was forked warm (json preloaded), waits for `release`, then ends.
+RELEASED = (
+    "import sys\n"
+    "warm = 'json' in sys.modules\n"  # a fresh interpreter has not imported json yet
+    "import json, os, time\n"
+    "rank, where = os.environ['RANK'], sys.argv[1]\n"
+    "with open(os.path.join(where, f'started-{rank}'), 'w') as f:\n"
+    "    json.dump({'pid': os.getpid(), 'warm': warm}, f)\n"
+    "while not os.path.exists(os.path.join(where, 'release')):\n"
+    "    time.sleep(0.01)\n"
+    "print(f'rank {rank} finished', flush=True)\n"
+    "print(f'rank {rank} last words', file=sys.stderr, flush=True)\n"
+)
+
+
+def test_warm_ranks_outlive_a_killed_zygote(tmp_path):
+    """SIGKILL of the zygote mid-run: the warm ranks (the agent's own children) run on and
+    finish, the run succeeds with their last lines on the console and in their log files, the
+    agent reaps them, and the next run is warm again, from a fresh zygote."""
+    script = tmp_path / "released.py"
+    script.write_text(RELEASED)
+    where = tmp_path / "marks"
+    where.mkdir()
     one = Serving(tmp_path, 1, ("--preload", "json"))  # a light zygote, no torch
     try:
-        _kill_the_zygote_mid_run(one.start().ready(), tmp_path)
+        one.start().ready()
+        agent = psutil.Process(one.agents[0].proc.pid)
+        client = one.client("run", "--nproc-per-node", "2", str(script), str(where))
+        wait_for(lambda: len(list(where.glob("started-*"))) == 2, 60, "both ranks to start")
+        started = [json.loads((where / f"started-{r}").read_text()) for r in range(2)]
+        assert all(s["warm"] for s in started), started
+        ranks = [psutil.Process(s["pid"]) for s in started]
+        assert [r.ppid() for r in ranks] == [agent.pid] * 2, "adopted by the agent"
+        [zygote] = [p for p in agent.children() if "zygote_main.py" in " ".join(p.cmdline())]
+        zygote.kill()
+        wait_for(lambda: not psutil.pid_exists(zygote.pid), 30, "the agent to reap the zygote")
+        assert all(r.is_running() for r in ranks), "the ranks run on"
+        (where / "release").touch()
+        out, err = client.communicate(timeout=60)
+        said = out.decode() + err.decode()
+        assert client.returncode == 0, said
+        assert "rank 0 finished" in said and "rank 1 last words" in said, said
+        log_dir = Path(err.decode().split("logs in ", 1)[1].split()[0])
+        for rank in range(2):
+            assert (log_dir / f"rank-{rank:05d}.out").read_text() == f"rank {rank} finished\n"
+            assert (log_dir / f"rank-{rank:05d}.err").read_text() == f"rank {rank} last words\n"
+        assert not any(psutil.pid_exists(r.pid) for r in ranks), "reaped, no zombie"
+        summary = json.loads((log_dir / "summary.json").read_text())
+        assert summary["status"] == "succeeded" and summary["exit_code"] == 0
+        for mark in where.iterdir():
+            mark.unlink()
+        (where / "release").touch()
+        again = one.call("run", str(script), str(where))
+        assert again.returncode == 0, again.stderr
+        assert json.loads((where / "started-0").read_text())["warm"], again.stderr
+        [fresh] = [p for p in agent.children() if "zygote_main.py" in " ".join(p.cmdline())]
+        assert fresh.pid != zygote.pid
+        gone = f"the warm interpreter (pid {zygote.pid}) is gone (killed by SIGKILL)"
+        assert gone in again.stderr, again.stderr
     finally:
         one.kill()
-
-
-def _kill_the_zygote_mid_run(one, tmp_path):
-    args = ["--env-out", str(tmp_path), "--ready-to", str(tmp_path), "--others-wait"]
-    client = one.client("run", FIXTURE, *args)
-    wait_for(lambda: len(list(tmp_path.glob("ready-*"))) == 1, 60, "the rank to start")
-    rank = psutil.Process(json.loads((tmp_path / "env-0.json").read_text())["pid"])
-    zygote = rank.parent()
-    assert zygote.pid not in [a.proc.pid for a in one.agents], "rank 0 is warm"
-    zygote.kill()
-    out, err = client.communicate(timeout=60)
-    assert client.returncode == 1, err.decode()
-    said = out.decode() + err.decode()
-    cause = (
-        "root cause: rank 0 on 127.0.0.1 (node 0) killed by SIGKILL with its zygote: the warm "
-        f"interpreter it was forked from (pid {zygote.pid}) died first (killed by SIGKILL)"
-    )
-    assert cause in said, said
 
 
 def test_stacks_of_a_warm_rank_start_at_the_users_code(tmp_path):

@@ -231,6 +231,7 @@ BAD_NUMBERS = {
     "health_timeout": [math.nan, math.inf, -math.inf, 0.0, -1.0, 86401.0, 1e300],
     "straggler_factor": [math.nan, math.inf, -math.inf, 1.0, 0.5, -2.0, 1000.5, 1e300],
     "min_free_mib": [-1, (1 << 40) + 1, 10**30],
+    "metrics_port": [-1, 65536, 10**30],
 }
 GOOD_NUMBERS = {
     "grace": [0, 0.0, 5, 86400.0],
@@ -248,6 +249,7 @@ GOOD_NUMBERS = {
     "health_timeout": [0.001, 60, 86400.0],
     "straggler_factor": [1.01, 1.5, 2, 1000.0],
     "min_free_mib": [0, 64, 1 << 40],
+    "metrics_port": [0, 9400, 65535],
 }
 
 

@@ -59,6 +59,21 @@ def test_live_view_renders_every_rank_and_the_log_lines(tmp_path):
         assert re.search(rf":{rank}: tick 3", plain), plain
 
 
+def test_live_view_has_step_columns_with_a_step_group(tmp_path):
+    (tmp_path / "spin.py").write_text(SPIN)
+    env = base_env(tmp_path)
+    env.update({"COLUMNS": "140", "LINES": "40", "TERM": "xterm-256color"})
+    argv = [sys.executable, "-m", "agent", "--nproc-per-node", "2", "--progress-regex",
+            r"tick (?P<step>\d+)", "spin.py"]  # fmt: skip
+    code, screen = _run_in_pty(argv, env, tmp_path)
+    assert code == 0, screen
+    plain = ANSI.sub("", screen)
+    assert re.search(r"silent\s+step\s+s/step\s+behind", plain), plain
+    # a rank's row: its step, about 0.4 s per step, how many steps behind the furthest rank
+    row = r"^\s*[01]\s+\S+\s+(running|exited 0)\s.*\s[1-3]\s+0\.[34]\d*\s+[0-2]\s*$"
+    assert re.search(row, plain, re.M), plain
+
+
 def test_redirected_output_has_no_escape_codes(tmp_path):
     (tmp_path / "spin.py").write_text(SPIN)
     proc = subprocess.run(

@@ -97,3 +97,19 @@ def test_a_stuck_console_drops_whole_chunks_counts_them_and_keeps_the_file_compl
     assert dropped and sum(dropped) > 0
     assert len(shown) + sum(dropped) == 20 * 50
     assert all(line.startswith(b"h:4: chunk ") for line in shown)
+
+
+def test_several_step_lines_in_one_read_count_the_latest_step(tmp_path) -> None:
+    """Lines written together arrive in one read: the rank is at the last step of the chunk."""
+    from agent.plan.options import progress_pattern
+
+    router = LogRouter(io.BytesIO(), io.BytesIO(), progress=progress_pattern(r"step (?P<step>\d+)"))
+    read_end, write_end = os.pipe()
+    state = router.add(read_end, Stream(0, "out", str(tmp_path / "r.out"), b"h:0: ", False))
+    os.write(write_end, b"step 1\n")
+    os.write(write_end, b"step 2\nstep 3\nstep 4\n")  # one write, one chunk
+    os.close(write_end)
+    assert state.done.wait(30)
+    router.close()
+    clock = router.clocks()[0]
+    assert clock.step == 4

@@ -347,3 +347,79 @@ def test_no_builtin_names():
             and node.name in BUILTIN_NAMES
         ]
     assert not clashes, "names that shadow builtins: " + ", ".join(clashes)
+
+
+def private_reaches(modules: Mapping[str, tuple[Path, str, ast.Module]]) -> list[str]:
+    """`obj._name` where `_name` is not defined in obj's sub-package: a private attribute
+    reached from another package (self/cls and dunders aside; `os._exit` & co. are the
+    standard library's own spelling)."""
+    defined: dict[str, set[str]] = {}
+    for name, (_, _, tree) in modules.items():
+        package = ".".join(name.split(".")[:2])
+        names = defined.setdefault(package, set())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                names.add(node.name)
+            elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+                names.add(node.attr)
+            elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                names.add(node.id)
+    found = []
+    for name, (_, _, tree) in modules.items():
+        package = ".".join(name.split(".")[:2])
+        for node in ast.walk(tree):
+            if not (isinstance(node, ast.Attribute) and node.attr.startswith("_")):
+                continue
+            if node.attr.startswith("__") or node.attr in STDLIB_PRIVATE:
+                continue
+            if isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"):
+                continue
+            if node.attr not in defined[package]:
+                found.append(f"{name}:{node.lineno} .{node.attr}")
+    return sorted(found)
+
+
+# The standard library's own private names we call on purpose: a warm rank ends and runs its
+# script as the interpreter would (atexit, threading, runpy — agent.warm.script).
+STDLIB_PRIVATE = frozenset(
+    {"_exit", "_getframe", "_current_frames", "_asdict", "_replace", "_fields"}
+    | {"_run_exitfuncs", "_shutdown", "_run_module_as_main"}
+)
+
+
+def test_no_private_attribute_is_reached_from_another_package():
+    assert private_reaches(agent_modules()) == []
+
+
+def test_private_reaches_finds_a_reach_across_packages():
+    tree = {
+        "agent.a.x": (Path("x"), "", ast.parse("class A:\n    def _own(self): self._v = 1\n")),
+        "agent.b.y": (Path("y"), "", ast.parse("def f(a):\n    a._own(); a.public; a._v\n")),
+        "agent.a.z": (Path("z"), "", ast.parse("def g(a):\n    return a._v, os._exit\n")),
+    }
+    assert private_reaches(tree) == ["agent.b.y:2 ._own", "agent.b.y:2 ._v"]
+
+
+def test_no_module_function_is_a_method_in_exile():
+    """A module-level function whose first parameter is `self` is a method of some other
+    object, reaching into it untyped: it belongs in a class."""
+    exiled = [
+        f"{name}.{node.name}"
+        for name, (_, _, tree) in agent_modules().items()
+        for node in tree.body
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+        and node.args.args
+        and node.args.args[0].arg == "self"
+    ]
+    assert exiled == []
+
+
+def test_a_run_reaches_its_node_only_through_the_seat():
+    """agent.run never imports the node agent itself: what a run needs is agent.node.seat."""
+    graph, _ = import_graph()
+    reaching = sorted(
+        m
+        for m, targets in graph.items()
+        if m.startswith("agent.run") and "agent.node.agent" in targets
+    )
+    assert reaching == []

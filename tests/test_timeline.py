@@ -196,3 +196,39 @@ def test_a_lost_node_and_its_spare_by_rank():
         ("cause", 2), ("lost", 2), ("spare", 2), ("spare", 3),
     ]  # fmt: skip
     ET.fromstring(svg(t))
+
+
+def _straggling(per_node: int, entries: list[dict]) -> dict:
+    summary = job(2, per_node, [{"attempt": 0, "root_cause": None, "ranks": world(2, per_node)}])
+    summary["stragglers"] = entries
+    return summary
+
+
+STRAGGLER = {"attempt": 0, "node_rank": 1, "host": "n1", "rank": None, "median": 0.4,
+             "job_median": 0.2, "step": 6, "since": 103.0, "until": 107.0}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "per_node, entry, lanes, span",
+    [
+        (2, STRAGGLER, [2, 3], (103.0, 107.0)),  # a whole node: each of its rank lanes
+        (
+            2,
+            {**STRAGGLER, "rank": 3, "until": None},
+            [3],
+            (103.0, 110.0),
+        ),  # open: the attempt's end
+        (40, STRAGGLER, [1], (103.0, 107.0)),  # 80 ranks: a lane per node
+        (2, {**STRAGGLER, "attempt": 7}, [], None),  # an attempt not drawn
+        (2, {**STRAGGLER, "node_rank": "x"}, [], None),  # odd values: skipped
+    ],
+    ids=["node", "rank-open", "per-node-lanes", "other-attempt", "odd"],
+)
+def test_stragglers_are_shaded_on_their_lanes(per_node, entry, lanes, span):
+    t = layout(_straggling(per_node, [entry]))
+    assert [s.lane for s in t.shades] == lanes
+    if span:
+        assert {(s.start, s.end) for s in t.shades} == {span}
+        assert "straggler in attempt 0: " in t.shades[0].text and "0.4 s/step" in t.shades[0].text
+    shaded = ET.fromstring(svg(t)).findall(f".//{SVG}rect[@class='straggler']")
+    assert len(shaded) == len(lanes)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.warm.process import WarmProcess, ZygoteGone
+from agent.warm.process import RankStart, WarmProcess, ZygoteGone
 from agent.warm.zygote import Zygote
 
 pytestmark = pytest.mark.e2e
@@ -320,6 +320,27 @@ def test_files_left_open_are_flushed_at_exit(zygote, tmp_path):
     assert target.read_text() == "written at exit\n"
 
 
+def test_ranks_forked_together_hold_only_their_own_pipes(light_zygote):
+    """One request forks both ranks: the first one's output ends (EOF) when it exits, though
+    the second, forked after it from the same request, still runs."""
+    zygote, env = light_zygote
+    starts = [
+        RankStart((sys.executable, EXIT, "text", "first"), env, str(FIXTURES)),
+        RankStart((sys.executable, EXIT, "wait"), env, str(FIXTURES)),
+    ]
+    first, second = zygote.fork_all(starts)
+    assert isinstance(first, WarmProcess) and isinstance(second, WarmProcess)
+    out = b""
+    while chunk := os.read(first.stdout_fd, 4096):  # EOF only once every copy is closed
+        out += chunk
+    assert out == b"noisy: imported\nfirst\n" and first.wait(30) == 0
+    assert second.poll() is None
+    os.killpg(second.pid, signal.SIGKILL)
+    assert second.wait(30) == -signal.SIGKILL
+    for fd in (first.stderr_fd, second.stdout_fd, second.stderr_fd):
+        os.close(fd)
+
+
 def test_killpg_reaches_the_rank_children(zygote):
     """The rank leads its own process group: the agent's killpg(pid) ends its children too."""
     rank = Rank(zygote, [EXIT, "grandchild"], base_env(), str(FIXTURES))
@@ -436,10 +457,12 @@ def test_preload_failures_and_output(light_zygote):
     assert "UserWarning: noisy: deprecated" in err
 
 
-def test_killed_zygote_takes_its_ranks_along(light_zygote):
-    """SIGKILL the zygote: its ranks die (PDEATHSIG), waits resolve, fork raises ZygoteGone."""
+def test_killed_zygote_takes_its_ranks_along_when_the_agent_is_no_subreaper(light_zygote):
+    """This test process is no subreaper, so its ranks are the zygote's children: SIGKILL the
+    zygote and they die (PDEATHSIG), named so; waits resolve, fork raises ZygoteGone."""
     zygote, env = light_zygote
     rank = Rank(zygote, [EXIT, "wait"], env, str(FIXTURES))
+    assert not rank.proc.adopted
     rank.wait_for("waiting\n")
     os.kill(zygote.pid, signal.SIGKILL)
     assert rank.proc.wait(30) == -signal.SIGKILL
@@ -468,19 +491,24 @@ def test_a_signal_to_the_whole_step_ends_the_ranks_not_the_zygote(light_zygote, 
 
 AGENT = """
 import os, sys, time
+from agent.run.workers import become_subreaper
 from agent.warm.zygote import Zygote
+assert sys.argv[2] == "plain" or become_subreaper()
 zygote = Zygote.start([], dict(os.environ))
 assert zygote.wait_ready(60)
 rank = zygote.fork([sys.executable, sys.argv[1], "wait"], dict(os.environ), "/", None, None, False)
+assert rank.adopted == (sys.argv[2] == "subreaper")
 print(zygote.pid, rank.pid, flush=True)
 time.sleep(120)
 """
 
 
-def test_zygote_and_ranks_die_with_the_agent():
-    """The zygote follows its agent (PDEATHSIG), and the zygote's ranks follow it."""
+@pytest.mark.parametrize("agent_is", ["subreaper", "plain"])
+def test_zygote_and_ranks_die_with_the_agent(agent_is):
+    """The zygote follows its agent (PDEATHSIG), and so do the ranks: adopted by a subreaper
+    agent, by their own PDEATHSIG; else the zygote's children, as the zygote's death's."""
     agent = subprocess.Popen(
-        [sys.executable, "-c", AGENT, EXIT],
+        [sys.executable, "-c", AGENT, EXIT, agent_is],
         stdout=subprocess.PIPE,
         env=dict(base_env(), PYTHONPATH=str(Path(__file__).resolve().parents[1])),
     )
@@ -489,6 +517,61 @@ def test_zygote_and_ranks_die_with_the_agent():
     agent.wait()
     agent.stdout.close()
     assert gone(zygote_pid) and gone(rank_pid)
+
+
+SUBREAPER_AGENT = """
+import json, os, sys
+from agent.run.workers import become_subreaper
+from agent.warm.zygote import Zygote
+assert become_subreaper()
+exit_script, release, code = sys.argv[1:]
+zygote = Zygote.start([], dict(os.environ))
+assert zygote.wait_ready(60)
+argv = [sys.executable, exit_script, "release", release, code]
+rank = zygote.fork(argv, dict(os.environ), "/", None, None, False)
+out = err = b""
+while b"waiting" not in out:
+    out += os.read(rank.stdout_fd, 4096)
+with open(f"/proc/{rank.pid}/stat") as stat:
+    parent = int(stat.read().rpartition(")")[2].split()[1])
+print(json.dumps({"zygote": zygote.pid, "rank": rank.pid, "parent": parent}), flush=True)
+while chunk := os.read(rank.stdout_fd, 4096):
+    out += chunk
+while chunk := os.read(rank.stderr_fd, 4096):
+    err += chunk
+code = rank.wait(60)
+print(json.dumps({
+    "code": code, "out": out.decode(), "err": err.decode(), "reaped": not os.path.exists(
+        f"/proc/{rank.pid}"), "zygote_ready": zygote.ready, "zygote_info": zygote.info}),
+    flush=True)
+"""
+
+
+def test_an_adopted_rank_outlives_its_zygote(tmp_path):
+    """A subreaper agent (every agent is one) adopts its warm ranks: SIGKILL of the zygote
+    mid-run leaves the rank running; it finishes, its output all arrives, the agent reaps it
+    itself and learns its true exit code."""
+    release = tmp_path / "release"
+    agent = subprocess.Popen(
+        [sys.executable, "-c", SUBREAPER_AGENT, EXIT, str(release), "3"],
+        stdout=subprocess.PIPE,
+        env=dict(base_env(), PYTHONPATH=str(Path(__file__).resolve().parents[1])),
+    )
+    try:
+        started = json.loads(agent.stdout.readline())
+        assert started["parent"] == agent.pid, "the rank is the agent's own child"
+        os.kill(started["zygote"], signal.SIGKILL)
+        assert gone(started["zygote"])
+        release.touch()
+        ended = json.loads(agent.stdout.readline())
+    finally:
+        agent.kill()
+        agent.wait()
+        agent.stdout.close()
+    assert ended["code"] == 3, ended
+    assert ended["out"] == "waiting\ndone on stdout\n" and ended["err"] == "done on stderr\n"
+    assert ended["reaped"], "no zombie left"
+    assert not ended["zygote_ready"] and ended["zygote_info"]["exit_status"] == -signal.SIGKILL
 
 
 def test_warm_process_times_out():

@@ -1,17 +1,27 @@
-"""Live status on a terminal: one row per rank of this node above the scrolling, prefixed lines."""
+"""Live status on a terminal: one row per rank of this node above the scrolling, prefixed lines.
+
+With a --progress-regex that numbers steps (a group named `step`), three more columns: the
+rank's last step, its median seconds per step (its last 20 steps) and how many steps it is
+behind the furthest rank known here (on node 0 the job's, from its once-a-second look at every
+node's pace; elsewhere this node's). A rank node 0 named a straggler (or whose node it named)
+is shown in yellow.
+"""
 
 from __future__ import annotations
 
 import logging
+import statistics
 import threading
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 
 import psutil
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 from rich.text import Text
+
+from agent.console.stream import JobPace, StepClock
 
 
 class LiveView:
@@ -22,11 +32,17 @@ class LiveView:
         self.hang_warning = hang_warning
         self._workers: Sequence = ()
         self._procs: dict[int, psutil.Process] = {}
+        self._clocks: Callable[[], Mapping[int, StepClock]] | None = None
+        self.job: JobPace | None = None  # node 0: set on each look at the job's pace
         self.paused: Callable[[], Collection[int]] = frozenset  # ranks stopped in pdb now
-        self._live = Live(
+        self._live = Live(  # draws once already: every field the table reads is set above
             console=console, refresh_per_second=2, transient=False, get_renderable=self._table
         )
         self._lock = threading.Lock()
+
+    def follow_steps(self, clocks: Callable[[], Mapping[int, StepClock]]) -> None:
+        """Show the step columns, from these clocks (the router's)."""
+        self._clocks = clocks
 
     def start(self, workers: Sequence) -> None:
         self._workers = workers
@@ -62,13 +78,33 @@ class LiveView:
 
     def _table(self) -> Table:
         table = Table(box=None, pad_edge=False, header_style="bold")
-        for column in ("rank", "host", "state", "pid", "cpu %", "rss", "silent"):
+        columns = ["rank", "host", "state", "pid", "cpu %", "rss", "silent"]
+        clocks = self._clocks() if self._clocks is not None else None
+        if clocks is not None:
+            columns += ["step", "s/step", "behind"]
+        for column in columns:
             table.add_column(column, justify="right" if column not in ("host", "state") else "left")
         now = time.monotonic()
+        furthest = _furthest(clocks or {}, self.job)
         paused = self.paused()
         for worker in self._workers:
-            table.add_row(*self._row(worker, now, worker.spec.rank in paused))
+            row = self._row(worker, now, worker.spec.rank in paused)
+            if clocks is not None:
+                row += self._steps(worker.spec, clocks.get(worker.spec.rank), furthest)
+            table.add_row(*row)
         return table
+
+    def _steps(self, spec, clock: StepClock | None, furthest: int | None) -> list[str | Text]:
+        """step, s/step, behind: one rank's pace (yellow when node 0 named it a straggler)."""
+        if clock is None or clock.step is None:
+            return ["-", "-", "-"]
+        durations = clock.durations.copy()  # one C call: the router's thread may append
+        per_step = f"{statistics.median(durations):.3g}" if durations else "-"
+        behind = str(furthest - clock.step) if furthest is not None else "-"
+        job = self.job
+        slow = job is not None and (spec.rank in job.slow_ranks or spec.node_rank in job.slow_nodes)
+        style = "bold yellow" if slow else ""
+        return [str(clock.step), Text(per_step, style=style), Text(behind, style=style)]
 
     def _row(self, worker, now: float, paused: bool = False) -> list[str | Text]:
         spec = worker.spec
@@ -96,6 +132,13 @@ class LiveView:
             state = Text(f"exited {worker.returncode}", style="bold red")
         shown = f"{silent:.0f}s" if worker.returncode is None else "-"
         return [str(spec.rank), spec.host, state, str(worker.proc.pid), cpu, rss, shown]
+
+
+def _furthest(clocks: Mapping[int, StepClock], job: JobPace | None) -> int | None:
+    steps = [c.step for c in clocks.values() if c.step is not None]
+    if job is not None and job.furthest is not None:
+        steps.append(job.furthest)
+    return max(steps) if steps else None
 
 
 class _Stream:

@@ -110,7 +110,7 @@ class LogRouter:
         if self._progress is None:
             state.last_progress = state.last_output
         else:
-            found = self._progress.search(data)
+            found = self._last_progress(data)
             if found is not None:
                 state.last_progress = state.last_output
                 state.clock.tick(self._step_of(found), state.last_output)
@@ -224,6 +224,18 @@ class LogRouter:
             )
         self._targets["err"].flush()
 
+    def _last_progress(self, data: bytes) -> Any:
+        """The chunk's progress match that counts: with a `step` group the last one (several
+        step lines can arrive in one read; the rank is at the latest), else the first (only
+        that one came). Linear in the chunk either way (RE2)."""
+        assert self._progress is not None
+        if self._step_group is None:
+            return self._progress.search(data)
+        found = None
+        for found in self._progress.finditer(data):  # noqa: B007 — the last one is wanted
+            pass
+        return found
+
     def _step_of(self, found: Any) -> int | None:
         if self._step_group is None:
             return None
@@ -238,6 +250,11 @@ class LogRouter:
         """Each rank's step clock (read from other threads: a clock's fields are replaced whole)."""
         with self._lock:
             return dict(self._clocks)
+
+    @property
+    def numbers_steps(self) -> bool:
+        """--progress-regex has a group named `step`: progress lines carry step numbers."""
+        return self._step_group is not None
 
     def progressed(self) -> bool:
         """Whether any rank printed a progress line (--progress-regex) since this router began."""

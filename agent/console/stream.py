@@ -23,6 +23,16 @@ class Stream:
 STEPS_KEPT = 20  # step durations a rank keeps: its median is over these
 
 
+@dataclass(frozen=True)
+class JobPace:
+    """What node 0 last judged of the whole job's pace (agent.run.pace), for the live table."""
+
+    median: float | None  # the job's median step time (None: not enough steps yet)
+    furthest: int | None  # the highest step number any rank printed
+    slow_nodes: frozenset[int] = frozenset()  # node ranks straggling as a whole
+    slow_ranks: frozenset[int] = frozenset()  # ranks straggling on their own
+
+
 class StepClock:
     """One rank's recent step times, from the moments its progress lines arrive (bounded: the
     last STEPS_KEPT durations). With a `step` number in the line, a gap of several steps counts

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import BinaryIO
 
 from agent.console.router import PALETTE, LogRouter
+from agent.console.stream import JobPace
 from agent.plan.options import Options, progress_pattern
 from agent.plan.rank_set import parse_rank_set
 from agent.plan.ranks import RankSpec
@@ -45,6 +46,13 @@ class ConsoleView:
             self.router = LogRouter(self.live.stream(), self.live.stream(), progress=progress)
         else:
             self.router = LogRouter(sys.stdout.buffer, sys.stderr.buffer, progress=progress)
+        if self.live is not None and self.router.numbers_steps:
+            self.live.follow_steps(self.router.clocks)
+
+    def pace_seen(self, job: JobPace) -> None:
+        """Node 0's latest look at the job's pace (agent.run.pace), for the live table."""
+        if self.live is not None:
+            self.live.job = job
 
     def prefix(self, spec: RankSpec) -> bytes:
         text = f"{spec.host}:{spec.rank}: "

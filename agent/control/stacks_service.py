@@ -75,13 +75,15 @@ class Control:
             )
 
 
-def open_control(session: Session, log_dir: str) -> tuple[Any, str | None]:
+def open_control(
+    session: Session, client_key: bytes, world: World, log_dir: str
+) -> tuple[Any, str | None]:
     """One-shot node 0: the endpoint for `agent stacks` and its control.json."""
     from agent.control.endpoint import Endpoint
 
-    endpoint = Endpoint(session.node.keys.client_key, Control(session))
+    endpoint = Endpoint(client_key, Control(session))
     endpoint.start()
-    return endpoint, write_control(log_dir, session.node.world, endpoint.port, 0)
+    return endpoint, write_control(log_dir, world, endpoint.port, 0)
 
 
 def write_control(log_dir: str, world: World, port: int, run: int) -> str | None:

@@ -16,11 +16,13 @@ from agent.launch.cli import Command
 from agent.launch.node_start import node_agent, node_world, topology_at
 from agent.node.agent import lost_store_error
 from agent.node.signals import Interrupted
-from agent.plan.run_plan import Request, decide
+from agent.plan.run_plan import Request, RunPlan, decide
 from agent.run import outputs
 from agent.run.node_run import Session
 from agent.run.summary import build_summary, job_record, node_failure
+from agent.run.tools import RunTools
 from agent.run.warm_source import WarmSource, preload_modules
+from agent.world import World
 
 
 def launch(command: Command, environ: Mapping[str, str]) -> int:
@@ -44,10 +46,10 @@ def launch(command: Command, environ: Mapping[str, str]) -> int:
         if agent.leader:
             plan = decide(request, world, topology)
             session.offer(0, plan)
-            control = open_control(session, plan.log_dir)
+            control = open_control(session, agent.keys.client_key, world, plan.log_dir)
         agent.meet()
         replan = (lambda nodes: decide(request, world, topology, nodes)) if agent.leader else None
-        code = session.execute(0, plan, topology, warm=warm, replan=replan)
+        code = session.execute(0, plan, RunTools(topology, warm, replan=replan))
         agent.leave()
         return code
     except Interrupted as exc:
@@ -71,7 +73,7 @@ def launch(command: Command, environ: Mapping[str, str]) -> int:
         agent.close()
 
 
-def _unfinished(plan: Any, world: Any, code: int, cause: dict[str, Any]) -> None:
+def _unfinished(plan: RunPlan | None, world: World, code: int, cause: dict[str, Any]) -> None:
     """Node 0, the run ended before its first attempt: summary.json still says why."""
     if plan is None or os.path.exists(os.path.join(plan.log_dir, "summary.json")):
         return
@@ -89,5 +91,5 @@ def _close_control(endpoint: Any, path: str | None) -> None:
         remove(Path(path), os.getpid())
 
 
-def _failure(kind: str, world: Any, why: str) -> dict[str, Any]:
+def _failure(kind: str, world: World, why: str) -> dict[str, Any]:
     return node_failure(kind, world.node_rank, world.host, why, time.time())

@@ -7,7 +7,9 @@ shows the worst state of its ranks), so the picture stays the same size at 4,096
 and attempt one bar from the first rank start to the last rank end; attempts as bands side by
 side in time, each restart a dashed line; markers for each attempt's root cause (the job's own
 in red, with its words and stderr below the plot), lost nodes and spares seated in a node's
-place. `svg(timeline)` draws it as plain SVG 1.1; every text that came from a file is escaped.
+place; stragglers (summary.json's `stragglers`) shaded on their lanes from when node 0 named
+them until they kept pace again (or their attempt ended). `svg(timeline)` draws it as plain
+SVG 1.1; every text that came from a file is escaped.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ from xml.sax.saxutils import escape
 RANK_LANES = 64  # up to this many ranks: a lane per rank
 MAX_LANES = 128  # above: nodes grouped so that no more lanes are drawn
 MAX_ATTEMPTS = 50  # the last ones drawn (a note says how many earlier ones are not)
+MAX_SHADES = 2000  # straggler episodes drawn (summary.json caps its records too)
+STRAGGLER = "#ffd400"
 WORST = ("failed", "lost", "terminated", "succeeded")  # a lane of many ranks shows the first
 COLOURS = {
     "failed": "#d62728",
@@ -65,6 +69,16 @@ class Band:
 
 
 @dataclass(frozen=True)
+class Shade:
+    """A straggler on its lane, from when node 0 named it until it kept pace again."""
+
+    lane: int
+    start: float
+    end: float
+    text: str
+
+
+@dataclass(frozen=True)
 class Timeline:
     title: str
     lanes: tuple[str, ...]  # lane labels, top to bottom
@@ -76,6 +90,7 @@ class Timeline:
     t1: float
     cause: tuple[str, ...]  # the job's root cause: a line, then its last stderr lines
     notes: tuple[str, ...]
+    shades: tuple[Shade, ...] = ()  # stragglers
 
 
 def layout(summary: Mapping[str, Any], seatings: Sequence[Any] = ()) -> Timeline:
@@ -197,6 +212,33 @@ def layout(summary: Mapping[str, Any], seatings: Sequence[Any] = ()) -> Timeline
         marks.append(
             Mark(None, _time(last_cause.get("time")) or t1, "failure", cause_words(last_cause))
         )
+    shades = []
+    ran = dict(zip(numbers, ranks, strict=True))
+    for entry in _list(summary.get("stragglers"))[:MAX_SHADES]:
+        entry = _map(entry)
+        number, node, rank = (
+            _int(entry.get("attempt")),
+            _int(entry.get("node_rank")),
+            _int(entry.get("rank")),
+        )
+        if number not in spans or node < 0:
+            continue
+        a_start, a_end = spans[number]
+        start = _time(entry.get("since")) or a_start
+        end = min(_time(entry.get("until")) or a_end, a_end)
+        if math.isinf(start) or math.isinf(end):
+            continue
+        if not per_rank:
+            on = node_lanes(number, node)
+        elif rank >= 0:
+            on = [rank] if rank < lanes else []
+        else:  # a whole node: the ranks it ran in that attempt
+            on = [
+                _int(r.get("rank")) for r in ran.get(number, []) if _int(r.get("node_rank")) == node
+            ]
+            on = [lane for lane in on if 0 <= lane < lanes]
+        text = _straggler_words(entry)
+        shades += [Shade(lane, start, max(start, end), text) for lane in sorted(set(on))]
     labels = tuple(_lane_label(lane, unit, group, hosts.get(lane, [])) for lane in range(lanes))
     status = _text(summary.get("status")) or "?"
     title = (
@@ -208,7 +250,7 @@ def layout(summary: Mapping[str, Any], seatings: Sequence[Any] = ()) -> Timeline
     cause_lines = (f"root cause: {cause_words(last_cause)}", *tail) if last_cause else ()
     return Timeline(
         title, labels, unit, tuple(bars), tuple(marks), tuple(bands), t0, t1, cause_lines,
-        tuple(notes[:12]),
+        tuple(notes[:12]), tuple(shades),
     )  # fmt: skip
 
 
@@ -246,6 +288,20 @@ def cause_words(cause: Mapping[str, Any]) -> str:
         else _text(cause.get("kind") or "failure")
     )
     return f"{head}: {_text(cause.get('how'))}"
+
+
+def _straggler_words(entry: Mapping[str, Any]) -> str:
+    rank, node, host = entry.get("rank"), _text(entry.get("node_rank")), _text(entry.get("host"))
+    what = (
+        f"node {node} ({host})" if rank is None else f"rank {_text(rank)} on {host} (node {node})"
+    )
+    median, job = entry.get("median"), entry.get("job_median")
+    pace = (
+        f" at {median:.3g} s/step, the job's median {job:.3g} s/step"
+        if isinstance(median, (int, float)) and isinstance(job, (int, float))
+        else ""
+    )
+    return f"straggler in attempt {_text(entry.get('attempt'))}: {what}{pace}"
 
 
 def _rank_range(value: Any, lanes: int) -> range:
@@ -327,6 +383,13 @@ def svg(t: Timeline) -> str:
             f'width="{max(x(bar.end) - x0, 1.5):.1f}" height="{lane_h - 4}" '
             f'fill="{COLOURS.get(bar.state, OTHER)}"><title>{_esc(t.lanes[bar.lane])} {_esc(bar.tip)}</title></rect>'
         )
+    for shade in t.shades:  # over the bars, translucent: the bar's state still shows
+        x0 = x(shade.start)
+        out.append(
+            f'<rect class="straggler" x="{x0:.1f}" y="{TOP + shade.lane * lane_h}" '
+            f'width="{max(x(shade.end) - x0, 1.5):.1f}" height="{lane_h}" fill="{STRAGGLER}" '
+            f'fill-opacity="0.6" stroke="#b8860b"><title>{_esc(shade.text)}</title></rect>'
+        )
     for mark in t.marks:
         out.append(_mark(mark, x(mark.time), lane_h, bottom))
     out.append(
@@ -346,6 +409,11 @@ def svg(t: Timeline) -> str:
             f'<text x="{lx + 14}" y="{y}">{name}</text>'
         )
         lx += 24 + 7 * len(name)
+    out.append(
+        f'<g class="legend straggler"><rect x="{lx}" y="{y - 9}" width="10" height="10" '
+        f'fill="{STRAGGLER}" stroke="#b8860b"/></g><text x="{lx + 14}" y="{y}">straggler</text>'
+    )
+    lx += 24 + 7 * len("straggler")
     for kind, name in MARKS.items():
         key = _mark(Mark(None, 0.0, kind, name), lx + 5, 10, 0, y - 4)
         out.append(key.replace('class="mark ', 'class="legend ', 1))

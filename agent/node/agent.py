@@ -138,17 +138,53 @@ class NodeAgent:
             on_silent=self.reporter.peer_silent if self.leader else None,
         )
 
-    # -- what a run asks of its node (agent.run.node_run) ---------------------------------
+    # -- what a run asks of its node (agent.node.seat.RunSeat) -----------------------------
+    @property
+    def rdzv_timeout(self) -> float:
+        return self.settings.rdzv_timeout
+
     def scope(self, prefix: str, wakes: tuple[str, ...] = ()) -> Scope:
         """A phase's keys in the job store (a run: `r<run>`, its rounds and attempts below)."""
         assert self.store is not None
         return Scope(self.store, prefix, self.world.agent_index, self.keys, wakes)
 
-    def enter(self, scope: Scope | None, active: Mapping[int, int] | None = None) -> None:
-        """Where failures go from now (None: nowhere, between runs or a spare's wait). `active`: the peers this phase counts on, by node rank (None: every one)."""
+    def enter(self, scope: Scope | None, active: Mapping[int, int | None] | None = None) -> None:
+        """Where failures go from now (None: nowhere, between runs or a spare's wait).
+        `active`: the peers this phase counts on → node rank (None: every one)."""
         self._phase = scope
         if self.reporter is not None:
             self.reporter.enter(scope, active)
+
+    def report(self, scope: Scope, record: dict[str, Any]) -> dict[str, Any] | None:
+        assert self.reporter is not None, "a run reports only after its node joined"
+        return self.reporter.report(scope, record)
+
+    def tell(self, kind: str, how: str) -> None:
+        """A failure of this node, told to the current phase's peers (none between runs)."""
+        w = self.world
+        record = {"kind": kind, "node_rank": w.node_rank, "host": w.host, "how": how}
+        if self._phase is not None and self.reporter is not None:
+            self.reporter.report(self._phase, {**record, "time": time.time()})
+
+    def lost(self) -> dict[int, str]:
+        reporter = self.reporter
+        if reporter is None:
+            return {}
+        return {i: reporter.lost_reason.get(i, "lost") for i in list(reporter.lost_peers)}
+
+    def lost_failures(self, scope: Scope) -> list[dict[str, Any]]:
+        return self.reporter.lost_failures(scope) if self.reporter is not None else []
+
+    def hosts(self) -> list[str]:
+        return self.membership.hosts()
+
+    def serve_workers(self) -> int:
+        assert self.store is not None
+        return self.store.serve_workers()
+
+    def close_workers(self) -> None:
+        if self.store is not None:
+            self.store.close_workers()
 
     def farewell(self, record: dict[str, Any] | None, why: str, *, everyone: bool = False) -> None:
         """Ending early: tell everyone (over a fresh connection: the main one may be mid-query).

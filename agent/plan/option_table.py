@@ -137,6 +137,22 @@ OPTIONS: tuple[Option, ...] = (
         "before both failed before any progress line (default: stop, exit 5)",
     ),
     Option(
+        "metrics_port",
+        int,
+        None,
+        "node 0 serves Prometheus metrics at http://ADDR:PORT/metrics while the run lasts "
+        "(0: any free port, named on the console) and writes LOG_DIR/metrics.prom at its end",
+        low=0,
+        high=65535,
+    ),
+    Option(
+        "metrics_addr",
+        str,
+        None,
+        "the address /metrics listens on (default: node 0's address in the job, the one the "
+        "other nodes reach it at; 0.0.0.0: every interface)",
+    ),
+    Option(
         "cold",
         bool,
         False,

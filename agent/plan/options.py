@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, fields, replace
 from typing import Any, Protocol
 
@@ -54,6 +54,8 @@ class Options:
     progress_regex: str | None = _default("progress_regex")
     straggler_factor: float = _default("straggler_factor")
     restart_without_progress: bool = _default("restart_without_progress")
+    metrics_port: int | None = _default("metrics_port")
+    metrics_addr: str | None = _default("metrics_addr")
     cold: bool = _default("cold")
     preload: str = _default("preload")
     sysfs_root: str = _default("sysfs_root")
@@ -174,6 +176,8 @@ class ProgressPattern(Protocol):
     """A compiled --progress-regex: RE2's Pattern (linear time in the bytes searched)."""
 
     def search(self, text: bytes) -> object: ...
+
+    def finditer(self, text: bytes) -> Iterator[object]: ...
 
 
 def progress_pattern(text: str) -> ProgressPattern:

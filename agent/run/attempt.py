@@ -6,23 +6,27 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from typing import Any
+from collections.abc import Mapping, Sequence
 
 from agent.console.view import ConsoleView
 from agent.hang.desk import StackDesk
 from agent.hang.fallback import fallback_path, private_dir
 from agent.hang.watch import HangWatch
+from agent.metrics.recorder import RunMetrics
 from agent.node.events import AbortSeen, StoreLost
 from agent.node.scope import Scope
+from agent.node.seat import RunSeat
+from agent.node.stage import Stage
 from agent.pause.desk import PauseDesk
 from agent.pause.paused import console_line
 from agent.plan.rank_set import format_ranges
 from agent.plan.roster import Roster, seated
-from agent.plan.run_plan import seat_specs
+from agent.plan.run_plan import RunPlan, seat_specs
 from agent.run import workers
 from agent.run.pace import PaceWatch
 from agent.run.prepare import Prepared
 from agent.run.supervisor import Outcome, Supervisor
+from agent.run.tools import RunTools
 from agent.world import World
 from agent.world.proctrack import slurm_signals_ranks
 
@@ -30,122 +34,140 @@ log = logging.getLogger("agent")
 WARM_WAIT = 120.0  # seconds a run waits for a warm interpreter that is still importing
 
 
-def run_ranks(
-    self: Any,  # the Attempts
-    prepared: Prepared,
-    scope: Scope,
-    attempt: int,
-    port: int,
-    roster: Roster,
-) -> Outcome:
-    """Start this node's ranks for one attempt, supervise them, clean up after them."""
-    plan, world = prepared.plan, seated(self.world, roster)
-    specs = seat_specs(
-        plan,
-        self.world,
-        roster,
-        prepared.topology,
-        attempt=attempt,
-        port=port,
-        config_file=prepared.config_file,
-        environ=self.environ,
-    )
-    ranks = [s.rank for s in specs]
-    log.info(
-        "attempt %d: starting ranks %s on %s", attempt, format_ranges(ranks) or "none", world.host
-    )
-    stage = self.stage.at(attempt)
-    desk = StackDesk(scope, roster.nodes, world.host, lambda: _live(sup), private_dir(), stage)
-    desk.start()
-    console = ConsoleView(plan.options, self.sinks)
-    pauses = PauseDesk(
-        scope,
-        desk,
-        world.host,
-        private_dir(),
-        stage,
-        lambda paused: console.note(console_line(paused, plan.log_dir)),
-    )
-    pauses.start()
-    console.show_paused(pauses.paused_ranks)
-    sup = Supervisor(
-        specs,
-        stage=stage,
-        events=self.events,
-        report=lambda record: self.report(scope, record),
-        grace=plan.options.grace,
-        hang_warning=plan.options.hang_warning,
-        hang=_hang_watch(plan, scope, desk, attempt, world, pauses),
-        slurm_signals_ranks=slurm_signals_ranks(self.environ),
-        paused=pauses.paused_ranks,
-    )
-    self.show_desk(desk)
-    self.show_pauses(pauses)
-    scope.watch(
-        self.stop,
-        lambda record: self.events.put(AbortSeen(stage, record)),
-        lambda why: self.events.put(StoreLost(why)),
-    )
-    early = scope.failure()  # someone failed before our watcher started
-    if early is not None:
-        self.events.put(AbortSeen(stage, early))
-    pace = _pace_watch(plan, scope, console, attempt, world, roster.nodes)
-    sup.pace = pace
-    warm = self.warm if self.warm is not None and self.warm.enabled else None
-    warm = None if plan.options.cold else warm
+class NodeAttempt:
+    """This node's share of one attempt of a run."""
 
-    # Waited for here, where a stop signal still interrupts (not in the supervisor's start).
-    zygote = warm.usable(self.environ, wait=WARM_WAIT) if warm is not None else None
+    def __init__(
+        self,
+        seat: RunSeat,
+        tools: RunTools,
+        stage: Stage,  # the run and this attempt
+        prepared: Prepared,
+        scope: Scope,  # the attempt's keys (r<run>/a<attempt>)
+        environ: Mapping[str, str],  # the ranks' base env
+        metrics: RunMetrics,  # node 0's numbers of the run (silent elsewhere)
+    ) -> None:
+        assert stage.attempt is not None, "an attempt's stage names it"
+        self.seat, self.tools, self.stage, self.number = seat, tools, stage, stage.attempt
+        self.prepared, self.scope, self.environ = prepared, scope, environ
+        self.metrics = metrics
+        self.desk: StackDesk | None = None  # where `agent stacks` reaches our ranks
+        self.pauses: PauseDesk | None = None  # where `agent debug` reaches our paused ranks
+        self.running = False  # ranks may be up: the desk answers
 
-    def start() -> list[workers.Worker]:
-        started = self.spawn(
+    def run(self, port: int, roster: Roster) -> Outcome:
+        """Start this node's ranks, supervise them until the attempt ends anywhere, clean up."""
+        seat, tools, scope, stage = self.seat, self.tools, self.scope, self.stage
+        attempt = self.number
+        plan, world = self.prepared.plan, seated(seat.world, roster)
+        specs = seat_specs(
+            plan,
+            seat.world,
+            roster,
+            self.prepared.topology,
+            attempt=attempt,
+            port=port,
+            config_file=self.prepared.config_file,
+            environ=self.environ,
+        )
+        ranks = [s.rank for s in specs]
+        log.info(
+            "attempt %d: starting ranks %s on %s",
+            attempt,
+            format_ranges(ranks) or "none",
+            world.host,
+        )
+        desk = StackDesk(scope, roster.nodes, world.host, lambda: _live(sup), private_dir(), stage)
+        desk.start()
+        console = ConsoleView(plan.options, tools.sinks)
+        pauses = PauseDesk(
+            scope,
+            desk,
+            world.host,
+            private_dir(),
+            stage,
+            lambda paused: console.note(console_line(paused, plan.log_dir)),
+        )
+        pauses.start()
+        console.show_paused(pauses.paused_ranks)
+        sup = Supervisor(
             specs,
-            {**self.environ, **pauses.env()},
-            console.router,
-            prefix_for=console.prefix,
-            console=console.shows,
-            events=self.events,
-            cwd=plan.cwd,
-            warm=zygote,
+            stage=stage,
+            events=seat.events,
+            report=lambda record: seat.report(scope, record),
+            grace=plan.options.grace,
+            hang_warning=plan.options.hang_warning,
+            hang=_hang_watch(plan, scope, desk, attempt, world, pauses),
+            slurm_signals_ranks=slurm_signals_ranks(self.environ),
+            paused=pauses.paused_ranks,
         )
-        if warm is not None:
-            forked = sum(w.warm for w in started)
-            if forked or warm.resident:
-                log.info("attempt %d: %d of %d ranks forked warm", attempt, forked, len(started))
-            if warm.resident or attempt < plan.options.max_restarts:
-                warm.ensure(self.environ)  # for the next attempt or run, once ours started
-        console.started(started)
-        return started
+        self.desk, self.pauses, self.running = desk, pauses, True
+        scope.watch(
+            seat.stop,
+            lambda record: seat.events.put(AbortSeen(stage, record)),
+            lambda why: seat.events.put(StoreLost(why)),
+        )
+        early = scope.failure()  # someone failed before our watcher started
+        if early is not None:
+            seat.events.put(AbortSeen(stage, early))
+        pace = _pace_watch(plan, scope, console, attempt, world, roster.nodes, self.metrics)
+        sup.pace = pace
+        warm = None if plan.options.cold else tools.warm_enabled
 
-    try:
-        with self.signals.queued():
-            outcome = sup.run(start)
-    finally:
-        self.show_desk(None)
-        self.show_pauses(None)
-        pauses.close()
-        _forget_dumps(sup)
-        if self.world.agent_index == 0:
-            desk.end()
-        console.close()
-    outcome.warnings += console.router.losses()
-    outcome.progressed = console.router.progressed()
-    if pace is not None and pace.leader:
-        outcome.stragglers = pace.close()
-    keep = self.warm.pids() if self.warm is not None else ()
-    escaped = workers.reap_escaped(min(plan.options.grace, 5.0), keep)
-    if escaped:
-        outcome.warnings.append(
-            f"{len(escaped)} process(es) left behind by ranks on {world.host} were cleaned up "
-            f"(pids {', '.join(map(str, escaped[:20]))})"
-        )
-        log.warning("%s", outcome.warnings[-1])
-    return outcome
+        # Waited for here, where a stop signal still interrupts (not in the supervisor's start).
+        zygote = warm.usable(self.environ, wait=WARM_WAIT) if warm is not None else None
+
+        def start() -> list[workers.Worker]:
+            started = tools.spawn(
+                specs,
+                {**self.environ, **pauses.env()},
+                console.router,
+                prefix_for=console.prefix,
+                console=console.shows,
+                events=seat.events,
+                cwd=plan.cwd,
+                warm=zygote,
+            )
+            if warm is not None:
+                forked = sum(w.warm for w in started)
+                if forked or warm.resident:
+                    log.info(
+                        "attempt %d: %d of %d ranks forked warm", attempt, forked, len(started)
+                    )
+                if warm.resident or attempt < plan.options.max_restarts:
+                    warm.ensure(self.environ)  # for the next attempt or run, once ours started
+            console.started(started)
+            self.metrics.ranks_started(attempt, plan.world_size)
+            return started
+
+        try:
+            with seat.signals.queued():
+                outcome = sup.run(start)
+        finally:
+            self.running = False
+            pauses.close()
+            _forget_dumps(sup)
+            if seat.leader:
+                desk.end()
+            console.close()
+        outcome.warnings += console.router.losses()
+        outcome.progressed = console.router.progressed()
+        if pace is not None and pace.leader:
+            outcome.stragglers = pace.close()
+        keep = tools.warm.pids() if tools.warm is not None else ()
+        escaped = workers.reap_escaped(min(plan.options.grace, 5.0), keep)
+        if escaped:
+            outcome.warnings.append(
+                f"{len(escaped)} process(es) left behind by ranks on {world.host} were cleaned "
+                f"up (pids {', '.join(map(str, escaped[:20]))})"
+            )
+            log.warning("%s", outcome.warnings[-1])
+        return outcome
 
 
 def _hang_watch(
-    plan: Any, scope: Scope, desk: StackDesk, attempt: int, w: World, pauses: PauseDesk
-) -> Any:
+    plan: RunPlan, scope: Scope, desk: StackDesk, attempt: int, w: World, pauses: PauseDesk
+) -> HangWatch | None:
     if plan.options.hang_timeout <= 0:
         return None
     return HangWatch(
@@ -162,7 +184,13 @@ def _hang_watch(
 
 
 def _pace_watch(
-    plan: Any, scope: Scope, console: ConsoleView, attempt: int, w: World, agents: Any
+    plan: RunPlan,
+    scope: Scope,
+    console: ConsoleView,
+    attempt: int,
+    w: World,
+    agents: Sequence[int],
+    metrics: RunMetrics,
 ) -> PaceWatch | None:
     if plan.options.progress_regex is None:
         return None
@@ -176,6 +204,8 @@ def _pace_watch(
         factor=plan.options.straggler_factor,
         leader=w.agent_index == 0,
         attempt=attempt,
+        metrics=metrics,
+        on_look=console.pace_seen if console.live is not None else None,
     )
 
 

@@ -1,124 +1,94 @@
-"""One run on this node: receive (or, node 0, offer) the plan, get ready, execute the attempts.
+"""The runs of one node agent: receive (or, node 0, offer) each plan, get ready, execute it.
 
 A `Session` is what the runs of one node agent share, and nothing else: the roster (node 0,
-resident: exclusions hold for later runs), the running attempt's stacks desk (for `agent
+resident: exclusions hold for later runs), the run executing now (its stacks desk answers `agent
 stacks`), and the peers node 0 knew lost when it offered the last plan. They are values of the
-runs, kept here; the NodeAgent itself is membership only. The one-shot agent executes one run
-in its session, a resident agent many.
+runs, kept here; the node agent is membership only and is reached through its seat
+(agent.node.seat.RunSeat). The one-shot agent executes one run in its session, a resident agent
+many — the same `execute` for both.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from agent.hang.desk import StackDesk
+from agent.metrics.recorder import RunMetrics
+from agent.metrics.server import run_metrics
 from agent.node import stage as stages
-from agent.node.agent import NodeAgent
+from agent.node.seat import RunSeat
 from agent.node.stage import Stage
 from agent.pause.desk import PauseDesk
 from agent.plan.roster import Roster
 from agent.plan.run_plan import RunPlan
-from agent.run.execute import Attempts
+from agent.run.execute import Run, RunTools
 from agent.run.prepare import offer as publish
 from agent.run.prepare import prepare
 
 
 @dataclass
 class Session:
-    node: NodeAgent
+    seat: RunSeat
     roster: Roster | None = None  # who runs, waits or is out: the last run's last lineup
-    desk: StackDesk | None = None  # the running attempt's, on every node (node 0 asks)
-    pauses: PauseDesk | None = None  # the running attempt's paused ranks (`agent debug`)
+    running: Run | None = None  # the run executing now, on every node
     absent: frozenset[int] = frozenset()  # node 0: agents lost when it offered the last plan
+
+    @property
+    def desk(self) -> StackDesk | None:
+        """The running attempt's stacks desk (node 0 asks every node's through it)."""
+        running = self.running
+        return running.desk if running is not None else None
+
+    @property
+    def pauses(self) -> PauseDesk | None:
+        """The running attempt's paused ranks (`agent debug` reaches them through node 0)."""
+        running = self.running
+        return running.pauses if running is not None else None
 
     def offer(self, run: int, plan: RunPlan) -> None:
         """Node 0: publish a run's plan (the run's scope is where its setup failures go)."""
-        node = self.node
-        node.phase = node.scope(Stage(run).scope(), wakes=("plan", "done"))
-        self.absent = frozenset(node.reporter.lost_peers if node.reporter else ())
-        publish(node.phase, plan, self.absent)
+        scope = self.seat.scope(Stage(run).scope(), wakes=("plan", "done"))
+        self.seat.enter(scope)
+        self.absent = frozenset(self.seat.lost())
+        publish(scope, plan, self.absent)
 
-    def execute(
-        self,
-        run: int,
-        plan: RunPlan | None,
-        read_topology: Callable[[str], Any],
-        **extra: Any,  # Attempts' warm=, sinks=, replan= (node 0), spawn=
-    ) -> int:
+    def execute(self, run: int, plan: RunPlan | None, tools: RunTools) -> int:
         """One run: node 0 passes the plan it decided, the others receive it. Every line the
         agent logs meanwhile names the run (and attempt)."""
-        assert self.node.store is not None
         stage = Stage(run)
         stages.enter(stage)
         try:
-            return self._execute(stage, plan, read_topology, **extra)
+            return self._execute(stage, plan, tools)
         finally:
             stages.enter(None)
 
-    def _execute(
-        self,
-        stage: Stage,
-        plan: RunPlan | None,
-        read_topology: Callable[[str], Any],
-        **extra: Any,
-    ) -> int:
-        node = self.node
-        assert node.store is not None and node.reporter is not None
-        scope = node.scope(stage.scope(), wakes=("plan", "done"))
-        if node.leader and not scope.store.exists(scope.key("plan")):
+    def _execute(self, stage: Stage, plan: RunPlan | None, tools: RunTools) -> int:
+        seat = self.seat
+        scope = seat.scope(stage.scope(), wakes=("plan", "done"))
+        if seat.leader and not scope.store.exists(scope.key("plan")):
             assert plan is not None
             self.offer(stage.run, plan)
-        node.phase = scope
+        seat.enter(scope)
         prepared = prepare(
             scope,
-            world=node.world,
+            world=seat.world,
             plan=plan,
-            environ=node.environ,
-            read_topology=read_topology,
-            timeout=node.settings.rdzv_timeout,
-            names=node.names,
+            environ=seat.environ,
+            read_topology=tools.read_topology,
+            timeout=seat.rdzv_timeout,
+            names=list(seat.names),
             absent=self.absent if plan is not None else (),
         )
-        reporter = node.reporter
-        # Out for the rest of the job: nodes excluded in earlier runs (resident) and lost peers.
-        before = {e.agent: e.why for e in self.roster.excluded} if self.roster else {}
-        attempts = Attempts(
-            world=node.world,
-            stage=stage,
-            scope_of=lambda name: node.scope(f"{stage.scope()}/{name}", wakes=_WAKES[name[0]]),
-            events=node.events,
-            signals=node.signals,
-            report=reporter.report,
-            enter=node.enter,
-            serve_workers=node.store.serve_workers,
-            close_workers=node.store.close_workers,
-            environ={**node.environ, **(prepared.plan.env or {})},  # a client's, over the node's
-            stop=node.stop,
-            lost_results=reporter.lost_failures,
-            lost=lambda: {
-                **before,
-                **{i: reporter.lost_reason[i] for i in list(reporter.lost_peers)},
-            },
-            hosts=node.membership.hosts,
-            read_topology=read_topology,
-            show_desk=self._show,
-            show_pauses=self._show_pauses,
-            **extra,
-        )
+        # Node 0's numbers of the run (--metrics-port: /metrics while it lasts, metrics.prom).
+        metrics = RunMetrics()
+        if seat.leader:
+            metrics = run_metrics(prepared.plan, seat.world, stage.run, lambda: seat.lost().keys())
+        current = Run(seat, stage, prepared, tools, self.roster, metrics)
+        self.running = current
         try:
-            return attempts.execute(prepared)
+            result = current.execute()
         finally:
-            self.roster = attempts.roster  # node 0, resident: exclusions hold for later runs
-
-    def _show(self, desk: StackDesk | None) -> None:
-        self.desk = desk
-
-    def _show_pauses(self, pauses: PauseDesk | None) -> None:
-        self.pauses = pauses
-
-
-# Keys a failure in a run's scope sets, to wake who waits on them: an attempt's (`a<k>`) have
-# watchers of their own; a lineup round's (`l<k>`) node 0 waits for the last health report.
-_WAKES = {"a": (), "l": ("health-done",)}
+            self.running = None
+            self.roster = current.roster  # node 0, resident: exclusions hold for later runs
+            metrics.close()  # metrics.prom written, the server stopped
+        return result.code

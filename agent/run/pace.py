@@ -2,9 +2,12 @@
 
 Every PACE_EVERY seconds (on the supervisor's tick) each agent seals one record into the
 attempt's scope, `pace/<agent>`: its ranks' median step times (from the router's step
-clocks), only when some rank stepped since the last one. Node 0 reads one record per node on
-the same tick (O(nodes)), judges them (agent.run.stragglers) and says on the console when a
-straggler starts and when it ends; the episodes go to summary.json.
+clocks), only when some rank printed a progress line since the last one, with the age of its
+latest line and a sequence number. Node 0 reads one record per node on the same tick
+(O(nodes)), judges them (agent.run.stragglers) and says on the console when a straggler starts
+and when it ends; the episodes go to summary.json. From the same records node 0 knows when each
+node last progressed (a new sequence number: now less the age), for the run's metrics
+(agent.metrics) and the live table's `behind` column (`on_look`).
 """
 
 from __future__ import annotations
@@ -15,11 +18,21 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from agent.console.stream import StepClock
+from agent.console.stream import JobPace, StepClock
+from agent.metrics.recorder import RunMetrics
+from agent.metrics.state import RANK_SERIES, RankStep, Straggling
 from agent.node.scope import Scope
 from agent.node.sealed import tell_refused
 from agent.node.trust import Refused
-from agent.run.stragglers import RankPace, Straggler, changes, ended_line, judge_pace, started_line
+from agent.run.stragglers import (
+    Pace,
+    RankPace,
+    Straggler,
+    changes,
+    ended_line,
+    judge_pace,
+    started_line,
+)
 
 log = logging.getLogger("agent")
 PACE_EVERY = 1.0  # seconds between a node's pace records (and node 0's looks)
@@ -38,12 +51,17 @@ class PaceWatch:
         factor: float,
         leader: bool,
         attempt: int,
+        metrics: RunMetrics | None = None,  # node 0: the run's recorder
+        on_look: Callable[[JobPace], None] | None = None,  # node 0: the live table
     ) -> None:
         self.scope, self.clocks, self.agents, self.agent = scope, clocks, agents, agent
         self.node_rank, self.host, self.factor = node_rank, host, factor
         self.leader, self.attempt = leader, attempt
+        self.metrics, self.on_look = metrics, on_look
         self._next = 0.0
         self._posted: tuple = ()
+        self._seq = 0
+        self._progress: dict[int, tuple[int, float]] = {}  # node 0: node rank → (seq, when)
         self.active: list[Straggler] = []
         self.episodes: list[dict[str, Any]] = []  # node 0: every straggler episode, in order
         self._open: dict[tuple[int, int | None], dict[str, Any]] = {}
@@ -55,31 +73,42 @@ class PaceWatch:
             return
         self._next = now + PACE_EVERY
         try:
-            self._post()
+            self._post(now)
             if self.leader:
-                self._look()
+                self._look(now)
         except Refused as exc:  # not ours: logged, never a decision
             log.error("%s", exc.message)
         except Exception as exc:  # a store in trouble is the watchers' to report, not ours
             log.debug("pace: %s", exc)
 
-    def _post(self) -> None:
-        ranks = []
+    def _post(self, now: float) -> None:
+        ranks, lines, latest = [], [], None
         for rank, clock in sorted(self.clocks().items()):
             durations = clock.durations.copy()  # one C call: the reader thread may append
-            if durations:
-                ranks.append([rank, statistics.median(durations), len(durations), clock.step])
-        seen = tuple((r[0], r[2], r[3]) for r in ranks)
+            when, count = clock.when, clock.lines
+            if count and when is not None:
+                median = statistics.median(durations) if durations else 0.0
+                ranks.append([rank, median, len(durations), clock.step])
+                lines.append(count)
+                latest = when if latest is None else max(latest, when)
+        seen = tuple(zip((r[0] for r in ranks), lines, (r[3] for r in ranks), strict=True))
         if not ranks or seen == self._posted:
             return
-        self._posted = seen
-        record = {"host": self.host, "node_rank": self.node_rank, "ranks": ranks}
+        self._posted, self._seq = seen, self._seq + 1
+        record = {
+            "host": self.host,
+            "node_rank": self.node_rank,
+            "ranks": ranks,
+            "seq": self._seq,
+            "age": round(max(0.0, now - (latest or now)), 3),  # its latest progress line's
+        }
         self.scope.put(f"pace/{self.agent}", record)
 
-    def _look(self) -> None:
+    def _look(self, now: float) -> None:
         paces = []
         for record in self._records():
             node, host = record.get("node_rank"), str(record.get("host"))
+            self._progressed(node, record.get("seq"), record.get("age"), now)
             for rank, median, steps, step in record.get("ranks", []):
                 paces.append(RankPace(rank, node, host, median, steps, step))
         pace = judge_pace(paces, self.factor)
@@ -94,6 +123,35 @@ class PaceWatch:
         for s in pace.stragglers:  # the latest numbers of every open episode
             self._open[s.key].update(s.to_json())
         self.active = list(pace.stragglers)
+        if self.metrics is not None and self.metrics.exported:
+            self._measured(paces)
+        if self.on_look is not None:
+            self.on_look(_job_pace(pace, paces))
+
+    def _progressed(self, node: object, seq: object, age: object, now: float) -> None:
+        """A record with a new sequence number: its node printed a progress line `age` ago."""
+        if not (isinstance(node, int) and isinstance(seq, int) and isinstance(age, (int, float))):
+            return
+        last = self._progress.get(node)
+        if last is None or last[0] != seq:
+            self._progress[node] = (seq, now - max(0.0, float(age)))
+
+    def _measured(self, paces: Sequence[RankPace]) -> None:
+        """Node 0, --metrics-port: this look's numbers to the run's recorder (O(ranks))."""
+        assert self.metrics is not None
+        progress = [self._progress.get(node, (0, None))[1] for node in range(len(self.agents))]
+        medians = [p.median for p in paces if p.steps]
+        ranks = (
+            [RankStep(p.rank, p.node_rank, p.median) for p in paces if p.steps]
+            if len(paces) <= RANK_SERIES
+            else []
+        )
+        worst: dict[int, float] = {}
+        for s in self.active:
+            slowdown = s.median / s.job_median if s.job_median > 0 else 0.0
+            worst[s.node_rank] = max(worst.get(s.node_rank, 0.0), slowdown)
+        slow = [Straggling(node, worst[node]) for node in sorted(worst)]
+        self.metrics.paced(self.attempt, progress, medians, ranks, slow, len(self.episodes))
 
     def _records(self) -> list[dict[str, Any]]:
         """Every node's latest pace record: one round trip once each has posted (a key, once
@@ -119,3 +177,13 @@ class PaceWatch:
             episode["until"] = time.time()
         self._open.clear()
         return self.episodes
+
+
+def _job_pace(pace: Pace, paces: Sequence[RankPace]) -> JobPace:
+    steps = [p.step for p in paces if p.step is not None]
+    return JobPace(
+        median=pace.job_median,
+        furthest=max(steps) if steps else None,
+        slow_nodes=frozenset(s.node_rank for s in pace.stragglers if s.rank is None),
+        slow_ranks=frozenset(s.rank for s in pace.stragglers if s.rank is not None),
+    )

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from agent.errors import AgentError, ExitCode
 from agent.node.scope import Scope
+from agent.node.seat import RunSeat
 from agent.plan.roster import Roster, Shortfall, excluded_hosts, foreign_excludes, seated
 from agent.plan.run_plan import node_layout
 from agent.run.gpu_faults import gpu_faults
@@ -25,92 +27,104 @@ from agent.run.lineup import (
 )
 from agent.run.prepare import Prepared
 from agent.run.summary import node_failure
+from agent.run.tools import RunTools
 
 log = logging.getLogger("agent")
 
 
-def roll_call(self: Any, prepared: Prepared, roster: Roster, attempt: int) -> Lineup:
-    """This agent's part in the round (self: Attempts). It is entered first, so that a stop
-    signal or a failure anywhere during a slow --health-check ends the round within a second."""
-    scope = self.scope_of(f"l{attempt}")
-    leader = self.world.agent_index == 0
-    # Node 0: a member lost mid-round fails this round (waking the gather), not an attempt.
-    self.enter(scope, _ranks_of(roster) if leader else None)
-    health = examine_node(self, prepared, roster, scope)
-    if health is not None:
-        post_health(scope, health, len(roster.members()))
-    if leader:
-        lineup = _decide(self, prepared, roster, attempt, scope)
-        scope.put("lineup", lineup.to_json())
-        return lineup
-    await_key(scope, "lineup", self.events, fatal=round_failure)
-    return Lineup.from_json(scope.get("lineup", "lineup"))
+class RollCall:
+    """One agent's part in the round before an attempt."""
 
+    def __init__(
+        self,
+        seat: RunSeat,
+        tools: RunTools,
+        prepared: Prepared,
+        roster: Roster,  # the last lineup's
+        attempt: int,
+        scope: Scope,  # the round's keys (r<run>/l<attempt>)
+    ) -> None:
+        self.seat, self.tools, self.prepared = seat, tools, prepared
+        self.roster, self.attempt, self.scope = roster, attempt, scope
 
-def examine_node(self: Any, prepared: Prepared, roster: Roster, scope: Scope) -> Health | None:
-    """This node's health for the next attempt (None: not a member any more). self: Attempts."""
-    if self.world.agent_index not in roster.members():
-        return None
-    plan, o = prepared.plan, prepared.plan.options
-    lay = node_layout(plan, seated(self.world, roster), prepared.topology)
-    pcis = frozenset(p.pci for p in lay.placements if p.pci)
-    read = self.read_topology
+    def lineup(self, lost: Callable[[], Mapping[int, str]]) -> Lineup:
+        """Who runs this attempt. It is entered first, so that a stop signal or a failure
+        anywhere during a slow --health-check ends the round within a second. `lost` (node
+        0): the agents out of the job → why, asked again while the health reports come in."""
+        seat, scope = self.seat, self.scope
+        # Node 0: a member lost mid-round fails this round (waking the gather), not an attempt.
+        seat.enter(scope, _ranks_of(self.roster) if seat.leader else None)
+        health = self.examine()
+        if health is not None:
+            post_health(scope, health, len(self.roster.members()))
+        if seat.leader:
+            lineup = self._decide(lost)
+            scope.put("lineup", lineup.to_json())
+            return lineup
+        await_key(scope, "lineup", seat.events, fatal=round_failure)
+        return Lineup.from_json(scope.get("lineup", "lineup"))
 
-    def present() -> set[str]:
-        return {g.pci for g in read(o.sysfs_root).gpus} if read else set(pcis)
+    def examine(self) -> Health | None:
+        """This node's health for the next attempt (None: not a member any more)."""
+        seat, roster, scope = self.seat, self.roster, self.scope
+        if seat.world.agent_index not in roster.members():
+            return None
+        plan, o = self.prepared.plan, self.prepared.plan.options
+        lay = node_layout(plan, seated(seat.world, roster), self.prepared.topology)
+        pcis = frozenset(p.pci for p in lay.placements if p.pci)
+        read = self.tools.read_topology
 
-    def over() -> bool:
-        return check_wait(scope, self.events, round_failure) is not None
+        def present() -> set[str]:
+            return {g.pci for g in read(o.sysfs_root).gpus}
 
-    check = HealthCheck(plan.log_dir, pcis, o.min_free_mib, o.health_check, o.health_timeout)
-    health = examine(check, present, lambda: gpu_faults(pcis), self.environ, plan.cwd, over)
-    if not health.ok:
-        log.error("%s failed its health check: %s", self.world.host, "; ".join(health.problems))
-    return health
+        def over() -> bool:
+            return check_wait(scope, seat.events, round_failure) is not None
 
+        check = HealthCheck(plan.log_dir, pcis, o.min_free_mib, o.health_check, o.health_timeout)
+        health = examine(check, present, lambda: gpu_faults(pcis), seat.environ, plan.cwd, over)
+        if not health.ok:
+            log.error("%s failed its health check: %s", seat.world.host, "; ".join(health.problems))
+        return health
 
-def _decide(
-    self: Any,  # the Attempts
-    prepared: Prepared,
-    roster: Roster,
-    attempt: int,
-    scope: Scope,
-) -> Lineup:
-    plan, o = prepared.plan, prepared.plan.options
-    reports = gather(scope, roster.members(), lambda: self.lost().keys(), o.health_timeout)
-    failure = round_failure(scope)
-    if failure is not None:  # an agent stopped mid-round
-        return Lineup(0, roster, end={"code": int(ExitCode.RANK_FAILED), "cause": failure})
-    hosts = self.hosts()
-    foreign = foreign_excludes(o.exclude, hosts) if attempt == 0 else None
-    if foreign:
-        log.warning("%s", foreign)
-    waited = o.health_timeout + REPORT_SLACK
-    out = exclusions(
-        roster, reports, self.lost(), excluded_hosts(o.exclude), hosts, attempt, waited
-    )
-    for exclusion in out:
-        log.error("excluding %s from the job: %s", exclusion.host, exclusion.why)
-    try:
-        new = roster.without(out, o.min_nodes)
-    except Shortfall as exc:
-        ended = Roster(roster.nodes, roster.spares, roster.excluded + tuple(out))
-        first = out[0] if out else None
-        cause = _cause(exc.message, roster, first.agent if first else 0, hosts)
-        return Lineup(0, ended, end={"code": int(exc.code), "cause": cause})
-    replanned = None
-    if self.world.task is None and len(new.nodes) != plan.nnodes and self.replan is not None:
+    def _decide(self, lost: Callable[[], Mapping[int, str]]) -> Lineup:
+        """Node 0: who is out and why, who takes whose place, a new plan for a smaller world."""
+        seat, roster, scope, attempt = self.seat, self.roster, self.scope, self.attempt
+        plan, o = self.prepared.plan, self.prepared.plan.options
+        reports = gather(scope, roster.members(), lambda: lost().keys(), o.health_timeout)
+        failure = round_failure(scope)
+        if failure is not None:  # an agent stopped mid-round
+            return Lineup(0, roster, end={"code": int(ExitCode.RANK_FAILED), "cause": failure})
+        hosts = seat.hosts()
+        foreign = foreign_excludes(o.exclude, hosts) if attempt == 0 else None
+        if foreign:
+            log.warning("%s", foreign)
+        waited = o.health_timeout + REPORT_SLACK
+        out = exclusions(roster, reports, lost(), excluded_hosts(o.exclude), hosts, attempt, waited)
+        for exclusion in out:
+            log.error("excluding %s from the job: %s", exclusion.host, exclusion.why)
         try:
-            replanned = self.replan(len(new.nodes))
-        except AgentError as exc:
-            why = f"the world shrank to {len(new.nodes)} node(s) and the configs no longer fit: {exc.message}"
-            return Lineup(
-                0, new, end={"code": int(exc.code), "cause": _cause(why, roster, 0, hosts)}
-            )
-    return Lineup(self.serve_workers(), new, replanned)
+            new = roster.without(out, o.min_nodes)
+        except Shortfall as exc:
+            ended = Roster(roster.nodes, roster.spares, roster.excluded + tuple(out))
+            first = out[0] if out else None
+            cause = _cause(exc.message, roster, first.agent if first else 0, hosts)
+            return Lineup(0, ended, end={"code": int(exc.code), "cause": cause})
+        replan = self.tools.replan
+        replanned = None
+        if seat.world.task is None and len(new.nodes) != plan.nnodes and replan is not None:
+            try:
+                replanned = replan(len(new.nodes))
+            except AgentError as exc:
+                why = (
+                    f"the world shrank to {len(new.nodes)} node(s) and the configs no longer "
+                    f"fit: {exc.message}"
+                )
+                end = {"code": int(exc.code), "cause": _cause(why, roster, 0, hosts)}
+                return Lineup(0, new, end=end)
+        return Lineup(seat.serve_workers(), new, replanned)
 
 
-def _ranks_of(roster: Roster) -> dict[int, Any]:
+def _ranks_of(roster: Roster) -> dict[int, int | None]:
     """Every member → its node rank (spares: None), for the records of lost members."""
     return {
         agent: roster.nodes.index(agent) if agent in roster.nodes else None

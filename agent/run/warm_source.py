@@ -10,6 +10,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from agent.plan.options import preload_list
+from agent.run.summary import describe
 
 log = logging.getLogger("agent")
 
@@ -57,10 +58,22 @@ class WarmSource:
 
     def usable(self, env: Mapping[str, str], wait: float = 0.0) -> Any:
         """The zygote when it was prepared for this environment and is ready (waiting up to
-        `wait` seconds for one still importing: its import is what fresh ranks would each do)."""
+        `wait` seconds for one still importing: its import is what fresh ranks would each do).
+        One that died since (killed, say: the ranks it forked run on, adopted by the agent) is
+        replaced by a fresh one first."""
         z = self.zygote
         if z is None or not z.fits(env):
             return None
+        if "exit_status" in z.info:
+            log.warning(
+                "the warm interpreter (pid %d) is gone (%s): preparing a new one",
+                z.pid,
+                describe(z.info["exit_status"]),
+            )
+            self.ensure(env)
+            z = self.zygote
+            if z is None:
+                return None
         if not z.ready and wait > 0 and _preparing(z):
             log.info(
                 "waiting for the warm interpreter to finish importing %s", ",".join(self.preload)

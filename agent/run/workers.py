@@ -104,12 +104,14 @@ def spawn(
     warm: Any = None,
 ) -> list[Worker]:
     """Start every rank from the calling thread (PDEATHSIG follows the thread that forks):
-    forked from the warm interpreter (`warm`, an agent.warm Zygote) where it can, else fresh."""
+    forked from the warm interpreter (`warm`, an agent.warm Zygote) where it can, all in one
+    request, else fresh."""
+    envs = [{**base_env, **spec.env} for spec in specs]
+    forked = _forked(specs, envs, cwd, warm)
     workers = []
     for index, spec in enumerate(specs):
-        env = dict(base_env)
-        env.update(spec.env)
-        proc, out_fd, err_fd = _forked(spec, env, cwd, warm) or _fresh(spec, env, cwd)
+        env = envs[index]
+        proc, out_fd, err_fd = forked[index] or _fresh(spec, env, cwd)
         prefix = prefix_for(spec)
         show = console(spec)
         out = router.add(out_fd, Stream(spec.rank, "out", spec.out_path, prefix, show))
@@ -144,25 +146,35 @@ def _fresh(spec: RankSpec, env: Mapping[str, str], cwd: str | None) -> tuple[Any
 
 
 def _forked(
-    spec: RankSpec, env: Mapping[str, str], cwd: str | None, warm: Any
-) -> tuple[Any, int, int] | None:
-    """A rank forked from the warm interpreter; None when this rank cannot be (fresh instead)."""
-    if warm is None or not warm.ready or not warm.fits(env):
-        return None
+    specs: Sequence[RankSpec], envs: Sequence[Mapping[str, str]], cwd: str | None, warm: Any
+) -> list[tuple[Any, int, int] | None]:
+    """The ranks forked from the warm interpreter, in one request; None for each that cannot be
+    (fresh instead)."""
+    found: list[tuple[Any, int, int] | None] = [None] * len(specs)
+    if warm is None or not warm.ready:
+        return found
     from agent.hang.fallback import private_dir
     from agent.warm.command import warm_command
-    from agent.warm.zygote import ZygoteGone
+    from agent.warm.zygote import RankStart, WarmProcess
 
-    if warm_command(spec.argv, sys.executable) is None:
-        return None
-    p = spec.placement
-    try:
-        proc = warm.fork(
-            spec.argv, env, cwd or os.getcwd(), p.cpus, p.mem_nodes, p.strict, private_dir()
+    which = [
+        i
+        for i, spec in enumerate(specs)
+        if warm.fits(envs[i]) and warm_command(spec.argv, sys.executable) is not None
+    ]
+    if not which:
+        return found
+    where, stacks = cwd or os.getcwd(), private_dir()
+    starts = []
+    for i in which:
+        p = specs[i].placement
+        starts.append(
+            RankStart(specs[i].argv, envs[i], where, p.cpus, p.mem_nodes, p.strict, stacks)
         )
-    except ZygoteGone:
-        return None
-    return proc, proc.stdout_fd, proc.stderr_fd
+    for i, proc in zip(which, warm.fork_all(starts), strict=True):
+        if isinstance(proc, WarmProcess):  # else why not (ZygoteGone): this rank starts fresh
+            found[i] = (proc, proc.stdout_fd, proc.stderr_fd)
+    return found
 
 
 def _wait(index: int, proc: Any, events: queue.SimpleQueue) -> None:

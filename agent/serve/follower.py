@@ -7,7 +7,6 @@ The next run's scope (`r<N>`) is where everything reaches a waiting agent: its p
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -19,6 +18,7 @@ from agent.node.scope import Scope
 from agent.node.signals import Interrupted
 from agent.node.stage import Stage
 from agent.run.node_run import Session
+from agent.run.tools import RunTools
 from agent.run.warm_source import WarmSource
 from agent.serve.relay import ChannelOut, forward_logs
 
@@ -41,12 +41,12 @@ def follow(agent: NodeAgent, warm: WarmSource, read_topology: Callable[[str], An
         sinks = Sinks(ChannelOut(feed, 1, number), ChannelOut(feed, 2, number))
         with forward_logs(feed, agent.world.host, logging.WARNING, number):
             try:
-                session.execute(number, None, read_topology, warm=warm, sinks=sinks)
+                session.execute(number, None, RunTools(read_topology, warm, sinks))
             except PeerFailed as exc:
                 log.warning("run %d ended: %s", number, exc.message)
             except AgentError as exc:  # ours (a missing script here, say): all must hear of it
                 log.error("run %d: %s", number, exc.message)
-                _report(agent, exc.message)
+                agent.tell("setup", exc.message)
         if agent.signals.received is not None:
             raise Interrupted(agent.signals.received)
         agent.phase = None  # between runs our own trouble is a departure, not a run's failure
@@ -75,10 +75,3 @@ def _open_feed(agent: NodeAgent) -> wire.Channel | None:
     except (AgentError, OSError, ValueError, KeyError, TypeError) as exc:
         log.warning("console lines of %s reach only its rank files: %s", w.host, exc)
         return None
-
-
-def _report(agent: NodeAgent, how: str) -> None:
-    w = agent.world
-    if agent.phase is not None and agent.reporter is not None:
-        record = {"kind": "setup", "node_rank": w.node_rank, "host": w.host, "how": how}
-        agent.reporter.report(agent.phase, {**record, "time": time.time()})

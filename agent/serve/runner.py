@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import queue
 import time
 from collections.abc import Callable
 from typing import Any
@@ -23,7 +24,9 @@ from agent.node.signals import Interrupted
 from agent.plan.client_env import client_env
 from agent.plan.roster import Exclusion, Roster, Shortfall
 from agent.plan.run_plan import Request, RunPlan, decide
+from agent.plan.topology import Topology
 from agent.run.node_run import Session
+from agent.run.tools import RunTools
 from agent.run.warm_source import WarmSource
 from agent.serve.cli import parse_run
 from agent.serve.relay import ChannelOut, forward_logs
@@ -34,7 +37,9 @@ MAX_VARS = 16384
 
 
 class RunRunner:
-    def __init__(self, agent: NodeAgent, warm: WarmSource, read_topology: Callable) -> None:
+    def __init__(
+        self, agent: NodeAgent, warm: WarmSource, read_topology: Callable[[str], Topology]
+    ) -> None:
         self.agent, self.warm, self.read_topology = agent, warm, read_topology
         self.session = Session(agent)  # the runs of this resident agent
         self.offered = False  # the last run got as far as publishing its plan
@@ -69,17 +74,11 @@ class RunRunner:
                 self.offered = True
                 if self.port:
                     write_control(plan.log_dir, self.agent.world, self.port, number)
-                code = self.session.execute(
-                    number,
-                    plan,
-                    self.read_topology,
-                    warm=self.warm,
-                    sinks=sinks,
-                    replan=replan,
-                )
+                tools = RunTools(self.read_topology, self.warm, sinks, replan)
+                code = self.session.execute(number, plan, tools)
             except AgentError as exc:
                 if not isinstance(exc, PeerFailed):  # ours: the other nodes must hear of it
-                    self._report(exc.message)
+                    self.agent.tell("setup", exc.message)
                 return {"error": exc.message, "code": int(exc.code)}
         if self.agent.signals.received is not None:  # the agent's own signal: stop serving
             raise Interrupted(self.agent.signals.received)
@@ -111,12 +110,6 @@ class RunRunner:
         _check_losses(agent, self.session.roster, plan)
         self.request = request  # for a smaller world, planned again (--min-nodes)
         return plan
-
-    def _report(self, how: str) -> None:
-        w = self.agent.world
-        record = {"kind": "setup", "node_rank": w.node_rank, "host": w.host, "how": how}
-        if self.agent.phase is not None and self.agent.reporter is not None:
-            self.agent.reporter.report(self.agent.phase, {**record, "time": time.time()})
 
 
 def _check_losses(agent: NodeAgent, roster: Roster | None, plan: RunPlan) -> None:
@@ -172,7 +165,7 @@ def _default_log_dir(cwd: str, job_id: str, number: int) -> str:
     return name
 
 
-def drain(events: Any) -> None:
+def drain(events: queue.SimpleQueue[Any]) -> None:
     """Drop what a finished run left on the event queue (a lost store stays: it matters)."""
     for event in drained(events):
         if isinstance(event, StoreLost):

@@ -8,7 +8,7 @@ import ctypes
 import os
 import signal
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from agent.hang import fallback
@@ -48,14 +48,17 @@ class Origin:
 
 
 def become_rank(
-    request: Mapping[str, Any], out_fd: int, err_fd: int, origin: Origin
+    request: Mapping[str, Any], pipes: Sequence[int], origin: Origin, adopted: bool
 ) -> tuple[int, bool]:
-    """Runs in the child. Returns only after the user's code ran, with (exit code, uncaught
-    KeyboardInterrupt) for the interpreter's own shutdown; a failure before that ends the child
-    here with a message on its stderr, as nothing may return into the zygote's loop."""
+    """Runs in the child, given its stdout, stderr and go pipes, adopted by the agent or the
+    zygote's own child. Returns only after the user's
+    code ran, with (exit code, uncaught KeyboardInterrupt) for the interpreter's own shutdown; a
+    failure before that ends the child here with a message on its stderr, as nothing may return
+    into the zygote's loop."""
     code = 70  # EX_SOFTWARE: the rank could not be started
+    out_fd, err_fd, go_fd = pipes
     try:
-        _detach(origin)
+        _detach(origin, go_fd, adopted)
         _take_fds(out_fd, err_fd, origin)
         code = _prepare(request, origin)
         if code == 0:
@@ -76,20 +79,37 @@ def become_rank(
     os._exit(code)
 
 
-def _detach(origin: Origin) -> None:
-    """Own session (the agent kills ranks with killpg), die with the zygote, default signals."""
+def _detach(origin: Origin, go_fd: int, adopted: bool) -> None:
+    """Own session (the agent kills ranks with killpg), default signals, die with the parent:
+    the agent once adopted, else the zygote. Nothing runs until the agent knows our pid."""
     signal.set_wakeup_fd(-1)
     for signum, handler in origin.signals.items():
         if handler is not None and signal.getsignal(signum) != handler:
             signal.signal(signum, handler)  # the zygote's SIGCHLD handler, mainly
     os.setsid()
+    origin.close()  # the control socket first: its EOF is how the agent learns the zygote died
     libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    if os.getppid() != origin.pid:  # the zygote died before prctl: nobody would kill us
+    if not adopted:
+        _die_with(libc, origin.pid)
+    # One byte once the agent has our pid (adopted: we are its child by then); EOF: it never
+    # will (the zygote or the agent died first), and a rank it does not know must not run.
+    try:
+        released = os.read(go_fd, 1) == b"g"
+    except OSError:
+        released = False
+    os.close(go_fd)
+    if not released:
         os._exit(1)
+    if adopted:
+        _die_with(libc, origin.agent)
     # Yama ptrace_scope=1: let the agent's py-spy (not our ancestor) dump us; EINVAL without Yama
     libc.prctl(_PR_SET_PTRACER, origin.agent, 0, 0, 0)
-    origin.close()
+
+
+def _die_with(libc: ctypes.CDLL, parent: int) -> None:
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:  # it died before prctl: nobody would kill us
+        os._exit(1)
 
 
 def _take_fds(out_fd: int, err_fd: int, origin: Origin) -> None:

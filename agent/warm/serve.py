@@ -1,4 +1,5 @@
-"""The zygote's loop: fork ranks on request, reap them, report their exits (see zygote_main)."""
+"""The zygote's loop: fork ranks on request (adopted ones through a middle process), reap the
+others and report their exits (see zygote_main)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,10 @@ from typing import Any
 from agent.warm.rank_start import Origin, become_rank
 
 IGNORED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
-_MAX_FDS = 64  # per recvmsg; one request carries two, the kernel never merges two requests' fds
+_FDS_PER_RANK = 3  # the rank's stdout and stderr pipes, and the read end of its go pipe
+# Per recvmsg: SCM_MAX_FD, the most one message can carry (the agent sends 64 ranks' at most);
+# the kernel never merges two messages' descriptors into one read.
+_MAX_FDS = 253
 
 
 class _Loop:
@@ -29,7 +33,7 @@ class _Loop:
         self.selector.register(self.wake_r, selectors.EVENT_READ)
         self.buffer = b""
         self.fds: collections.deque[int] = collections.deque()  # received, not yet handed out
-        self.ranks: dict[int, int] = {}  # pid -> request id
+        self.ranks: dict[int, int] = {}  # pid -> the rank's id, for the ranks not adopted
 
     def close_in_child(self) -> None:
         """A rank must not hold the zygote's control socket (its EOF is how the agent learns the
@@ -47,7 +51,7 @@ class _Loop:
             os._exit(0)
 
     def receive(self) -> list[tuple[dict[str, Any], list[int]]]:
-        """Complete requests, each with its two descriptors."""
+        """Complete messages, each with its ranks' descriptors (three per rank)."""
         data, fds, _, _ = socket.recv_fds(self.control, 1 << 16, _MAX_FDS)
         if not data:
             os._exit(0)  # the agent closed the channel or died
@@ -55,10 +59,11 @@ class _Loop:
         *lines, self.buffer = (self.buffer + data).split(b"\n")
         found = []
         for line in lines:
-            request = json.loads(line)
-            if len(self.fds) < 2:
-                os._exit(3)  # a request without its pipes: the protocol is broken
-            found.append((request, [self.fds.popleft(), self.fds.popleft()]))
+            message = json.loads(line)
+            wanted = _FDS_PER_RANK * len(message["ranks"])
+            if len(self.fds) < wanted:
+                os._exit(3)  # a message without its pipes: the protocol is broken
+            found.append((message, [self.fds.popleft() for _ in range(wanted)]))
         return found
 
     def reap(self) -> None:
@@ -69,7 +74,7 @@ class _Loop:
                 return
             if pid == 0:
                 return
-            rid = self.ranks.pop(pid, None)
+            rid = self.ranks.pop(pid, None)  # None: a middle process (see _start_ranks)
             if rid is not None:
                 code = os.waitstatus_to_exitcode(status)  # -N for signal N, as Popen reports
                 self.send({"op": "exit", "id": rid, "pid": pid, "code": code})
@@ -85,6 +90,96 @@ def _fork_quietly() -> int:
         return os.fork()
 
 
+def _start_ranks(
+    loop: _Loop, message: dict[str, Any], fds: list[int], origin: Origin
+) -> tuple[int, bool] | None:
+    """Fork the message's ranks and answer the agent, one "forked" per rank; returns only in a
+    rank, after its code ran. Adopted ranks are forked by one middle process for the lot (one
+    extra fork and exit per message, not per rank)."""
+    ranks = message["ranks"]
+    pipes = [fds[i : i + _FDS_PER_RANK] for i in range(0, len(fds), _FDS_PER_RANK)]
+    if not message.get("adopt"):
+        started, ran = _fork_each(ranks, pipes, origin, False, ())
+        if ran is not None:
+            return ran
+        for request, pid in zip(ranks, started, strict=True):
+            if isinstance(pid, int):
+                loop.ranks[pid] = request["id"]
+        _answer(loop, ranks, started)
+        return None
+    report_r, report_w = os.pipe()
+    try:
+        middle = _fork_quietly()
+    except OSError as exc:
+        middle, why = -1, str(exc)
+    if middle == 0:
+        os.close(report_r)
+        started, ran = _fork_each(ranks, pipes, origin, True, (report_w,))
+        if ran is not None:
+            return ran
+        try:  # orphaned now, the ranks are re-parented to the nearest subreaper: the agent
+            os.write(report_w, json.dumps(started).encode())
+        finally:
+            os._exit(0)  # at once: nothing of the zygote's may run on here
+    os.close(report_w)
+    for fd in fds:
+        os.close(fd)
+    started = _report(report_r, middle, len(ranks)) if middle > 0 else [why] * len(ranks)
+    os.close(report_r)
+    _answer(loop, ranks, started)
+    return None
+
+
+def _fork_each(
+    ranks: list[dict[str, Any]],
+    pipes: list[list[int]],
+    origin: Origin,
+    adopted: bool,
+    not_theirs: tuple[int, ...],
+) -> tuple[list[int | str], tuple[int, bool] | None]:
+    """Fork each rank in turn: ([pid, or why not, per rank], None) here; in a rank, what
+    become_rank returned. A rank gets only its own pipes (those of the ranks forked before it
+    are closed here already)."""
+    started: list[int | str] = []
+    for index, (request, own) in enumerate(zip(ranks, pipes, strict=True)):
+        try:
+            pid: int | str = _fork_quietly()
+        except OSError as exc:
+            pid = str(exc)
+        if pid == 0:
+            for fd in [*not_theirs, *(fd for later in pipes[index + 1 :] for fd in later)]:
+                os.close(fd)
+            return started, become_rank(request, own, origin, adopted)
+        for fd in own:
+            os.close(fd)
+        started.append(pid)
+    return started, None
+
+
+def _report(report_r: int, middle: int, count: int) -> list[int | str]:
+    """The middle process's pids once it is reaped — its ranks re-parented to the agent by then,
+    so the agent's waitpid finds them."""
+    answer = b""
+    while chunk := os.read(report_r, 1 << 16):
+        answer += chunk
+    os.waitpid(middle, 0)  # the SIGCHLD loop cannot take it first: it runs between messages
+    try:
+        started = json.loads(answer)
+    except ValueError:
+        started = None
+    if not isinstance(started, list) or len(started) != count:
+        return ["the middle process died before it forked the ranks"] * count
+    return started
+
+
+def _answer(loop: _Loop, ranks: list[dict[str, Any]], started: list[int | str]) -> None:
+    for request, pid in zip(ranks, started, strict=True):
+        if isinstance(pid, int):
+            loop.send({"op": "forked", "id": request["id"], "pid": pid})
+        else:
+            loop.send({"op": "forked", "id": request["id"], "error": pid})
+
+
 def serve(
     control: int,
     info: dict[str, Any],
@@ -98,8 +193,8 @@ def serve(
     loop = _Loop(control)
     origin = Origin(modules, fds, base_path, paths, output, loop.close_in_child)
     # Only the agent ends the zygote (kill, or PDEATHSIG when it dies): a signal to the whole
-    # step (Slurm's proctrack/linuxproc signals every descendant) must not end it before its
-    # ranks, which would die at once by their PDEATHSIG instead of getting their grace period.
+    # step (Slurm's proctrack/linuxproc signals every descendant) must not end it, nor the ranks
+    # not adopted by the agent, which would die at once by their PDEATHSIG, with no grace period.
     for signum in IGNORED:
         signal.signal(signum, signal.SIG_IGN)  # Origin has the dispositions each rank gets back
     # A Python-level handler makes the C handler write to the wakeup fd; SIG_DFL would not.
@@ -117,17 +212,7 @@ def serve(
                         break
                 loop.reap()
                 continue
-            for request, (out_fd, err_fd) in loop.receive():
-                try:
-                    pid = _fork_quietly()
-                except OSError as exc:
-                    os.close(out_fd)
-                    os.close(err_fd)
-                    loop.send({"op": "forked", "id": request["id"], "error": str(exc)})
-                    continue
-                if pid == 0:
-                    return become_rank(request, out_fd, err_fd, origin)
-                os.close(out_fd)
-                os.close(err_fd)
-                loop.ranks[pid] = request["id"]
-                loop.send({"op": "forked", "id": request["id"], "pid": pid})
+            for message, fds in loop.receive():
+                ran = _start_ranks(loop, message, fds, origin)
+                if ran is not None:
+                    return ran  # in a rank, after its code ran

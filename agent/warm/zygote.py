@@ -1,8 +1,12 @@
 """Agent side of a zygote: start it, fork ranks from it, learn their exits. Torch-free.
 
-A rank forked by the zygote is the zygote's child, so the zygote reaps it and reports the exit
-over the control socket; one reader thread per Zygote turns those reports into WarmProcess
-results. Protocol: see zygote_main.py.
+Where the agent is a child subreaper (every agent is: agent.run.workers.become_subreaper), each
+rank is adopted: the zygote forks it through a middle process that exits at once, so the rank is
+re-parented to the agent, dies with the agent (its PDEATHSIG is set once adopted), outlives the
+zygote, and is reaped by the agent itself. Elsewhere (a process that is no subreaper) a rank is
+the zygote's child and dies with it: the zygote reaps it and reports the exit over the control
+socket, which one reader thread per Zygote turns into WarmProcess results. Either way the rank
+runs nothing until the agent knows its pid (the "go" pipe). Protocol: see zygote_main.py.
 """
 
 from __future__ import annotations
@@ -17,24 +21,28 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from typing import IO, Any
 
 from agent.warm.command import import_fingerprint, warm_command
 from agent.warm.process import (
     Pending,
+    RankStart,
     WarmProcess,
     ZygoteGone,
+    adopts_orphans,
     exit_after_zygote,
     file_tail,
     import_paths,
 )
 from agent.warm.proctitle import PADDING
 
-__all__ = ["WarmProcess", "Zygote", "ZygoteGone"]
+__all__ = ["RankStart", "WarmProcess", "Zygote", "ZygoteGone"]
 
 ZYGOTE_MAIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "zygote_main.py")
 FORK_REPLY_TIMEOUT = 60.0  # a fork answers in milliseconds; this long means a wedged zygote
+RANKS_PER_MESSAGE = 64  # 3 descriptors each: within what the zygote reads at once (serve.py)
 
 
 class Zygote:
@@ -124,50 +132,119 @@ class Zygote:
         strict: bool,
         fallback_dir: str | None = None,
     ) -> WarmProcess:
-        """Fork one rank running `argv` with exactly `env` in `cwd`, bound as agent/run/child.py
-        binds a fresh rank. Call from the agent's main thread."""
-        command = warm_command(argv, sys.executable)
-        if command is None:
-            raise ValueError(f"not a plain `python SCRIPT` / `python -m MOD` command: {argv}")
-        if not self.fits(env):
-            raise ValueError("env differs from the zygote's in what its imports read (fits())")
+        """Fork one rank (see fork_all); raises ZygoteGone where it cannot be forked."""
+        start = RankStart(
+            tuple(argv),
+            dict(env),
+            cwd,
+            None if cpus is None else tuple(cpus),
+            None if mems is None else tuple(mems),
+            strict,
+            fallback_dir,
+        )
+        [result] = self.fork_all([start])
+        if isinstance(result, ZygoteGone):
+            raise result
+        return result
+
+    def fork_all(self, starts: Sequence[RankStart]) -> list[WarmProcess | ZygoteGone]:
+        """Fork each rank (one request to the zygote for the lot), in order: a WarmProcess, or
+        why that rank cannot be forked (start it the cold way). Call from the agent's main
+        thread. A ValueError for a command or environment this zygote does not serve
+        (warm_command, fits())."""
+        for start in starts:
+            if warm_command(start.argv, sys.executable) is None:
+                raise ValueError(
+                    f"not a plain `python SCRIPT` / `python -m MOD` command: {start.argv}"
+                )
+            if not self.fits(start.env):
+                raise ValueError("env differs from the zygote's in what its imports read (fits())")
         if not self.ready:
-            raise ZygoteGone(self._why_not())
-        request = {
-            "op": "fork",
+            return [ZygoteGone(self._why_not())] * len(starts)
+        adopt = adopts_orphans()
+        results: list[WarmProcess | ZygoteGone] = []
+        for first in range(0, len(starts), RANKS_PER_MESSAGE):
+            results += self._fork_batch(starts[first : first + RANKS_PER_MESSAGE], adopt)
+        return results
+
+    def _fork_batch(
+        self, starts: Sequence[RankStart], adopt: bool
+    ) -> list[WarmProcess | ZygoteGone]:
+        pendings: list[Pending] = []
+        go: list[int] = []  # the write end of each rank's go pipe
+        theirs: list[int] = []  # sent with the request; the zygote has its own copies then
+        try:
+            for start in starts:
+                (out_r, out_w), (err_r, err_w), (go_r, go_w) = os.pipe(), os.pipe(), os.pipe()
+                pendings.append(Pending(start.argv, out_r, err_r, adopt))
+                go.append(go_w)
+                theirs += [out_w, err_w, go_r]
+            request = {
+                "op": "fork",
+                "adopt": adopt,  # through a middle process, so that the ranks become our children
+                "ranks": [self._rank_request(start) for start in starts],
+            }
+            try:
+                self._send(request, pendings, theirs)
+            except ZygoteGone as exc:
+                return self._failed(pendings, exc)
+            finally:
+                for fd in theirs:
+                    os.close(fd)
+                theirs = []
+            deadline = time.monotonic() + FORK_REPLY_TIMEOUT
+            for pending in pendings:
+                if not pending.answered.wait(max(0.0, deadline - time.monotonic())):
+                    self.close()  # wedged: the ranks not answered for start cold
+            results: list[WarmProcess | ZygoteGone] = []
+            for pending, go_w in zip(pendings, go, strict=True):
+                if pending.proc is None:
+                    pending.close()
+                    why = f"could not fork: {pending.error}" if pending.error else ""
+                    results.append(
+                        ZygoteGone(f"zygote {self.pid} {why}" if why else self._why_not())
+                    )
+                    continue
+                with contextlib.suppress(OSError):  # EPIPE: it died already; its exit tells
+                    os.write(go_w, b"g")  # we know its pid: it may run (closing unread: it exits)
+                results.append(pending.proc)
+            return results
+        except BaseException:
+            for pending in pendings:
+                if pending.proc is None:
+                    pending.close()
+            raise
+        finally:
+            for fd in go + theirs:
+                os.close(fd)
+
+    def _rank_request(self, start: RankStart) -> dict[str, Any]:
+        command = warm_command(start.argv, sys.executable)
+        assert command is not None  # checked by fork_all
+        return {
             "kind": command.kind,
             "target": command.target,
             "args": list(command.args),
-            "argv": list(argv),
-            "env": dict(env),
-            "cwd": os.path.abspath(cwd),
-            "cpus": None if cpus is None else list(cpus),
-            "mems": None if mems is None else list(mems),
-            "strict": bool(strict),
+            "argv": list(start.argv),
+            "env": dict(start.env),
+            "cwd": os.path.abspath(start.cwd),
+            "cpus": None if start.cpus is None else list(start.cpus),
+            "mems": None if start.mems is None else list(start.mems),
+            "strict": bool(start.strict),
             "fast_exit": self.fast_exit,
-            "fallback_dir": fallback_dir,  # stacks by faulthandler where py-spy cannot attach
+            "fallback_dir": start.fallback_dir,  # stacks by faulthandler where py-spy cannot attach
         }
-        (out_r, out_w), (err_r, err_w) = os.pipe(), os.pipe()
-        pending = Pending(argv, out_r, err_r)
-        try:
-            self._send(request, pending, [out_w, err_w])
-        except BaseException:
+
+    @staticmethod
+    def _failed(pendings: list[Pending], why: ZygoteGone) -> list[WarmProcess | ZygoteGone]:
+        """The request never reached the zygote: no rank came of it, nor will."""
+        for pending in pendings:
             pending.close()
-            raise
-        finally:
-            os.close(out_w)  # the zygote has its own copies now (or never will)
-            os.close(err_w)
-        if not pending.answered.wait(FORK_REPLY_TIMEOUT):
-            self.close()
-        if pending.proc is None:
-            pending.close()
-            if pending.error:
-                raise ZygoteGone(f"zygote {self.pid} could not fork: {pending.error}")
-            raise ZygoteGone(self._why_not())
-        return pending.proc
+        return [why] * len(pendings)
 
     def close(self) -> None:
-        """Kill the zygote (the ranks it forked follow by PDEATHSIG) and reap it; idempotent."""
+        """Kill the zygote and reap it; idempotent. Adopted ranks run on (they are the agent's);
+        the zygote's own children follow it by PDEATHSIG."""
         self._proc.kill()  # a no-op once Popen has reaped it
         self._proc.wait()
         with contextlib.suppress(OSError):
@@ -183,12 +260,15 @@ class Zygote:
     def __exit__(self, *_: object) -> None:
         self.close()
 
-    def _send(self, request: dict[str, Any], pending: Pending, fds: list[int]) -> None:
+    def _send(self, request: dict[str, Any], pendings: list[Pending], fds: list[int]) -> None:
         with self._lock:
             if self._gone:
                 raise ZygoteGone(self._why_not(locked=True))
-            request["id"] = rid = next(self._ids)
-            self._pending[rid] = pending
+            ids = []
+            for rank, pending in zip(request["ranks"], pendings, strict=True):
+                rank["id"] = rid = next(self._ids)
+                self._pending[rid] = pending
+                ids.append(rid)
         data = json.dumps(request).encode() + b"\n"
         try:
             with self._sending:  # the pipes ride on the request's first bytes
@@ -196,7 +276,8 @@ class Zygote:
                 self._sock.sendall(data[sent:])
         except OSError as exc:
             with self._lock:
-                self._pending.pop(rid, None)
+                for rid in ids:
+                    self._pending.pop(rid, None)
             raise ZygoteGone(f"zygote {self.pid} unreachable: {exc}") from None
 
     def _why_not(self, locked: bool = False) -> str:
@@ -229,14 +310,17 @@ class Zygote:
             elif op == "forked":
                 pending = self._pending.pop(message["id"])
                 if "pid" in message:
-                    pending.proc = self._ranks[message["id"]] = pending.started(message["pid"])
+                    pending.proc = pending.started(message["pid"])
+                    if not pending.proc.adopted:  # the zygote reaps it and reports its exit
+                        self._ranks[message["id"]] = pending.proc
                 pending.error = message.get("error", "")
                 pending.answered.set()
             elif op == "exit":
                 self._ranks.pop(message["id"]).exited(message["code"])
 
     def _lost(self) -> None:
-        """The zygote is gone: it answers no more, and its ranks die by PDEATHSIG."""
+        """The zygote is gone: it answers no more, and the ranks it reaped itself (not adopted:
+        this process is no subreaper) die by PDEATHSIG, which their exit record says."""
         status = self._proc.wait()
         with self._lock:
             self._gone = True

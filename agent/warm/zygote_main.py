@@ -9,9 +9,13 @@ besides the preload list (and ctypes, for PDEATHSIG) is dropped from a rank's sy
 
 Single-threaded on purpose (fork copies only the calling thread): one selector loop over the
 control socket and the SIGCHLD wakeup pipe. Protocol, one JSON object per line: the agent sends
-{"op": "fork", "id", "kind", "target", "args", "argv", "env", "cwd", "cpus", "mems", "strict"}
-with the rank's stdout and stderr pipes attached (SCM_RIGHTS); the zygote answers "ready" (once),
-"forked" {"id", "pid"} or {"id", "error"}, and "exit" {"id", "pid", "code"} when it reaped one.
+{"op": "fork", "id", "kind", "target", "args", "argv", "env", "cwd", "cpus", "mems", "strict",
+"adopt", ...} with the rank's stdout and stderr pipes and the read end of its go pipe attached
+(SCM_RIGHTS); the zygote answers "ready" (once), "forked" {"id", "pid"} or {"id", "error"}, and,
+for a rank not adopted, "exit" {"id", "pid", "code"} when it reaped one. An adopted rank is
+forked through a middle process that exits at once; "forked" comes once the middle is reaped,
+so the rank is the agent's child by then (the agent is a subreaper). The rank waits for one
+byte on its go pipe (the agent knows its pid) before it runs anything.
 """
 
 from __future__ import annotations

@@ -18,7 +18,6 @@ from agent.world.env import (
     show,
     visible_devices,
 )
-from agent.world.slurm_tasks import expand_tasks_per_node
 from agent.world.types import Task, World, WorldFlags
 
 _SLURM_FIX = (
@@ -162,3 +161,21 @@ def _slurm_local_size(
     names = ("SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE", "SLURM_NTASKS_PER_NODE")
     per_node = need_int(env, names, _SLURM_FIX, low=1)
     return per_node.value, str(per_node)
+
+
+# Slurm's compressed task layout ("2(x3),1": tasks on each node of a step).
+def expand_tasks_per_node(text: str, variable: str) -> tuple[int, ...]:
+    """`2(x3),1` → (2, 2, 2, 1); AgentError naming `variable` and `text` when malformed or empty."""
+    try:
+        counts = tuple(hostlist.parse_slurm_tasks_per_node(text.strip()))
+    except hostlist.BadHostlist as err:
+        raise AgentError(
+            f"{variable}={text!r} is not a Slurm task layout such as 2(x3),1 ({err}): "
+            "srun sets it for every task of a job step; do not overwrite it in the job script"
+        ) from None
+    if not counts:
+        raise AgentError(
+            f"{variable}={text!r} lists no node: srun sets it for every task of a job step; "
+            "do not overwrite it in the job script"
+        )
+    return counts

@@ -45,6 +45,7 @@ from agent.plan.run_plan import Request, decide  # noqa: E402
 from agent.plan.topology import read_topology  # noqa: E402
 from agent.run import outputs  # noqa: E402
 from agent.run.node_run import Session  # noqa: E402
+from agent.run.tools import RunTools  # noqa: E402
 from agent.run.workers import RankExited, Worker  # noqa: E402
 from agent.world import World  # noqa: E402
 
@@ -302,7 +303,9 @@ class Slot:
             agent.meet()
             self.joined = time.monotonic()
             self.cpu["joined"] = time.thread_time()
-            self.code = self.session.execute(0, plan, self.topology, spawn=self.node.spawn)
+            self.code = self.session.execute(
+                0, plan, RunTools(self.topology, spawn=self.node.spawn)
+            )
             self.finished = time.monotonic()
             agent.leave()
             self.left = time.monotonic()

@@ -1,0 +1,146 @@
+"""`--metrics-port`: node 0's /metrics while a job runs, metrics.prom at its end, with real
+agents on loopback (and the job's straggler shaded by `agent logs --timeline`); a resident
+run's server gone when its run ends."""
+
+from __future__ import annotations
+
+import re
+import socket
+import subprocess
+import sys
+import urllib.request
+import xml.etree.ElementTree as ET
+
+import pytest
+from cluster import FIXTURE, base_env, wait_for
+from prometheus_client.parser import text_string_to_metric_families
+from serving import Serving
+
+pytestmark = pytest.mark.e2e
+
+STEP = r"step (?P<step>\d+)"
+URL = re.compile(r"metrics: (http://127\.0\.0\.1:(\d+)/metrics)")
+
+
+def _scrape(url: str) -> dict[str, dict[tuple, float]]:
+    """GET /metrics, parsed by prometheus_client: sample name → {sorted labels: value}."""
+    with urllib.request.urlopen(url, timeout=10) as reply:
+        assert reply.status == 200 and reply.headers["Content-Type"].startswith("text/plain")
+        return _samples(reply.read().decode())
+
+
+def _samples(text: str) -> dict[str, dict[tuple, float]]:
+    found: dict[str, dict[tuple, float]] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            found.setdefault(s.name, {})[tuple(sorted(s.labels.items()))] = s.value
+    return found
+
+
+def _url(agent) -> str | None:
+    found = URL.search(agent.stderr() + agent.stdout())
+    return found.group(1) if found else None
+
+
+def test_metrics_during_a_job_and_metrics_prom_at_its_end(cluster_factory):
+    cluster = cluster_factory(2).start(
+        ["--nproc-per-node", "2", "--progress-regex", STEP, "--metrics-port", "0",
+         FIXTURE, "--steps", "40", "--step-time", "0.2", "--slow-node", "1"]
+    )  # fmt: skip
+    url = wait_for(lambda: _url(cluster.agents[0]), 60, "node 0 to name its /metrics URL")
+    assert _url(cluster.agents[1]) is None  # only node 0 serves
+
+    def judged():
+        got = _scrape(url)
+        ages = got.get("launch_agent_node_seconds_since_progress", {})
+        slow = got.get("launch_agent_straggler_slowdown", {})
+        return got if len(ages) == 2 and slow else None
+
+    live = wait_for(judged, 60, "both nodes' progress and node 1 named a straggler", 0.3)
+    assert live["launch_agent_ranks_running"][()] == 4
+    assert live["launch_agent_attempts_total"][()] == 1
+    assert live["launch_agent_restarts_total"][()] == 0
+    assert live["launch_agent_run_info"][(("job", cluster.job), ("run", "0"))] == 1
+    assert live["launch_agent_nodes"][(("state", "running"),)] == 2
+    assert live["launch_agent_nodes"][(("state", "lost"),)] == 0
+    assert live["launch_agent_spares_left"][()] == 0
+    hosts = live["launch_agent_node_info"]
+    assert hosts == {
+        (("host", "127.0.0.1"), ("node", "0")): 1,
+        (("host", "127.0.0.2"), ("node", "1")): 1,
+    }
+    rendezvous = live["launch_agent_attempt_phase_seconds"][
+        (("attempt", "0"), ("phase", "rendezvous"))
+    ]
+    assert 0 < rendezvous < 60
+    assert all(0 <= age < 10 for age in live["launch_agent_node_seconds_since_progress"].values())
+    quantiles = live["launch_agent_step_seconds"]
+    assert 0.1 < quantiles[(("quantile", "0.5"),)] < 0.6  # 0.2 s steps, node 1's 0.4 s
+    assert quantiles[(("quantile", "0.99"),)] >= quantiles[(("quantile", "0.5"),)]
+    assert live["launch_agent_step_seconds_count"][()] == 4
+    assert set(live["launch_agent_rank_step_seconds"]) == {
+        (("node", str(r // 2)), ("rank", str(r))) for r in range(4)
+    }  # per rank: 4 ranks, under 64
+    assert live["launch_agent_straggler_slowdown"][(("node", "1"),)] > 1.5
+    assert live["launch_agent_stragglers"][()] == 1
+
+    assert cluster.wait(120) == [0, 0], cluster.dump()
+    end = _samples((cluster.log_dir / "metrics.prom").read_text())
+    assert end["launch_agent_exit_code"][()] == 0 and end["launch_agent_ranks_running"][()] == 0
+    phases = end["launch_agent_attempt_phase_seconds"]
+    first = phases[(("attempt", "0"), ("phase", "first_progress"))]
+    assert 0 <= first < 30
+    assert 0 <= phases[(("attempt", "0"), ("phase", "teardown"))] < 30
+    assert end["launch_agent_straggler_episodes_total"][()] >= 1
+    picture = cluster.tmp / "job.svg"
+    drawn = subprocess.run(
+        [sys.executable, "-m", "agent", "logs", str(cluster.log_dir), "--timeline", str(picture)],
+        env=base_env(cluster.tmp), capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert drawn.returncode == 0, drawn.stderr
+    shaded = ET.fromstring(picture.read_text()).findall(".//{*}rect[@class='straggler']")
+    assert len(shaded) == 2  # node 1's two rank lanes
+    assert all("node 1 (127.0.0.2)" in s.findtext("{*}title") for s in shaded)
+
+
+def test_a_resident_run_serves_only_while_it_lasts(tmp_path):
+    serving = Serving(tmp_path, 1).start()
+    try:
+        serving.ready()
+        run = serving.call(
+            "run", "--metrics-port", "0", "--progress-regex", STEP, FIXTURE, "--steps", "5",
+            "--step-time", "0.1",
+        )  # fmt: skip
+        assert run.returncode == 0, run.stderr + serving.dump()
+        found = URL.search(run.stdout + run.stderr + serving.agents[0].stderr())
+        assert found, run.stderr + serving.dump()
+        logs = [p for p in (tmp_path / "logs").iterdir() if (p / "summary.json").exists()]
+        (log_dir,) = logs
+        assert _samples((log_dir / "metrics.prom").read_text())["launch_agent_exit_code"][()] == 0
+        with pytest.raises(OSError):  # the run is over: its server is gone, the port free
+            socket.create_connection(("127.0.0.1", int(found.group(2))), timeout=5).close()
+        assert serving.alive() == [0]  # while the resident agent stays
+        again = serving.call("run", "--metrics-port", found.group(2), FIXTURE)
+        assert again.returncode == 0, again.stderr  # the same port binds again for the next run
+        assert "cannot listen" not in again.stdout + again.stderr + serving.agents[0].stderr()
+        assert serving.call("down", timeout=60).returncode == 0
+        assert serving.wait(30) == [0], serving.dump()
+    finally:
+        serving.kill()
+
+
+def test_metrics_prom_counts_a_restart(cluster_factory):
+    cluster = cluster_factory(1).start(
+        ["--nproc-per-node", "2", "--max-restarts", "1", "--metrics-port", "0", FIXTURE,
+         "--exit", "3", "--on", "1", "--fail-attempts", "1"]
+    )  # fmt: skip
+    assert cluster.wait(120) == [0], cluster.dump()
+    end = _samples((cluster.log_dir / "metrics.prom").read_text())
+    assert end["launch_agent_attempts_total"][()] == 2
+    assert end["launch_agent_restarts_total"][()] == 1
+    assert end["launch_agent_exit_code"][()] == 0
+    phases = end["launch_agent_attempt_phase_seconds"]
+    for attempt in ("0", "1"):
+        for phase in ("rendezvous", "teardown"):
+            assert 0 <= phases[(("attempt", attempt), ("phase", phase))] < 30, phases
+    assert "launch_agent_node_seconds_since_progress" not in end  # no --progress-regex
