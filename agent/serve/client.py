@@ -239,18 +239,21 @@ class _RunView:
             self._release()
 
     def _release(self) -> None:
+        """Show what waited for the session, before anything that comes after it."""
         with self._lock:
-            held, self._held = self._held or [], None
-        for fd, data in held:
-            self._write(fd, data)
+            for fd, data in self._held or []:
+                self._emit(fd, data)
+            self._held = None
 
     def _write(self, fd: int, data: bytes) -> None:
         with self._lock:
-            if self._held is not None:
-                if self._held_bytes < _HOLD_LIMIT:  # beyond it: in the rank files only
-                    self._held.append((fd, data))
-                    self._held_bytes += len(data)
-                return
+            if self._held is None:
+                self._emit(fd, data)
+            elif self._held_bytes < _HOLD_LIMIT:  # beyond it: in the rank files only
+                self._held.append((fd, data))
+                self._held_bytes += len(data)
+
+    def _emit(self, fd: int, data: bytes) -> None:
         if fd in self._dead:
             return
         try:
