@@ -107,6 +107,12 @@ def test_breakpoint_pauses_a_rank_for_a_pdb_session_in_the_terminal(cluster_fact
     )  # fmt: skip
     assert stacks.stdout.startswith("paused in pdb (python -m agent debug):\n" + listed.stdout)
 
+    detached = Terminal.debug(cluster, "--rank", "1")
+    detached.expect("(Pdb) ")
+    detached.type("p x\x1d")  # Ctrl-] mid-line: detached, nothing sent, the rank stays paused
+    detached.expect("stays paused")
+    assert detached.close() == 0
+
     terminal = Terminal.debug(cluster, "--rank", "1")
     terminal.expect("(Pdb) ")
     terminal.type("p x\n")

@@ -82,7 +82,7 @@ def _editing() -> None:
     except ImportError:
         return
     if "libedit" not in (readline.__doc__ or ""):
-        readline.parse_and_bind(r'"\C-]": "\C-e\C-u\035\C-m"')
+        readline.parse_and_bind(r'"\C-]": "\C-e\C-u\C-v\035\C-m"')  # \C-v: not this binding again
 
 
 def client_name() -> str:
