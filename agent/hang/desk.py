@@ -41,9 +41,9 @@ class StackDesk:
         self.ranks, self.fallback_dir = ranks, fallback_dir
         self._lock = threading.Lock()
         self._asking: Scope | None = None  # node 0's own connection for requests
-        # request["desk"] → who answers it instead of this desk: (number, request), returning at
-        # once; it puts its answer under answer_name(number) itself
-        self.relays: dict[str, Callable[[int, dict[str, Any]], None]] = {}
+        # request["desk"] → who answers it instead of this desk: (number, request) → the answer
+        # (put here at once), or None when it puts one under answer_name(number) itself later
+        self.relays: dict[str, Callable[[int, dict[str, Any]], dict[str, Any] | None]] = {}
 
     def start(self) -> None:
         threading.Thread(target=self._answer, name="stacks", daemon=True).start()
@@ -61,7 +61,9 @@ class StackDesk:
                     return
                 relay = self.relays.get(str(request.get("desk")))
                 if relay is not None:
-                    relay(number, request)
+                    answer = relay(number, request)
+                    if answer is not None:
+                        side.put(self.answer_name(number), answer)
                     number += 1
                     continue
                 stacks = capture(

@@ -5,7 +5,9 @@ to its ranks by AGENT_DEBUG_SOCKET; a rank that pauses connects (agent.pause.hoo
 `RankLink` until its session ends. Requests travel with `agent stacks` ones, through the
 attempt's StackDesk (agent.hang.desk: `post`, `relays`): node 0 (`ask`) publishes one sealed in
 the attempt's scope and waits, bounded, for every agent's answer; each agent's stacks thread
-hands it here, and a thread of its own answers (a pdb line may take seconds). No port is opened:
+hands it here and puts a quick answer itself (a list, or none of the ranks asked for is here);
+the agent holding the ranks answers a pdb line from a thread and a store connection of the
+desk's own (a line may take seconds). No port is opened:
 clients reach node 0's authenticated endpoint only (agent.control.debug_service).
 
 Requests: {"op": "list"} → {"paused": [records]}; {"op": "send", "ranks", "line", "wait"} and
@@ -132,10 +134,21 @@ class PauseDesk:
         if first and link.where is not None:
             self.announce(link.where)
 
-    def _relay(self, number: int, request: dict[str, Any]) -> None:
+    def _relay(self, number: int, request: dict[str, Any]) -> dict[str, Any] | None:
+        """The answer now when it is quick (a list; none of the ranks asked for is here), on
+        the stacks thread's own connection; else from a thread of its own (a pdb line may take
+        seconds, and must not hold the next request)."""
+        if request.get("op") == "list" or not self._links_for(request):
+            return self.handle(request)
         threading.Thread(
             target=self._reply, args=(number, request), name="pause-reply", daemon=True
-        ).start()  # a slow pdb command on one rank must not hold the next request
+        ).start()
+        return None
+
+    def _links_for(self, request: dict[str, Any]) -> dict[int, RankLink]:
+        ranks = _ranks(request.get("ranks"))
+        with self._lock:
+            return {r: link for r, link in self._links.items() if ranks is None or r in ranks}
 
     def _reply(self, number: int, request: dict[str, Any]) -> None:
         with contextlib.suppress(Exception), self._connection() as side:
@@ -158,9 +171,7 @@ class PauseDesk:
         if op == "list":
             return {"paused": [p.to_json() for p in self.local()]}
         wait = _wait(request.get("wait"))
-        with self._lock:
-            ranks = _ranks(request.get("ranks"))
-            links = {r: link for r, link in self._links.items() if ranks is None or r in ranks}
+        links = self._links_for(request)
         line = request.get("line")
         if not (op == "take" or op == "send" and isinstance(line, str)):
             return {"answers": {}}
