@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from agent.control import connection
+from agent.control import connection, lifeline
 from agent.control.endpoint import Endpoint
 from agent.errors import AgentError
 from agent.launch.node_start import node_agent, node_world, topology_at
@@ -71,10 +71,10 @@ def serve(command: ServeCommand, environ: Mapping[str, str]) -> int:
 
 
 def _lead(agent: NodeAgent, leader: Leader, warm: WarmSource, environ: dict[str, str]) -> int:
-    endpoint = Endpoint(agent.keys.client_key, leader)
+    endpoint = Endpoint(agent.keys.client_key, leader, lifeline.watch(agent))
     endpoint.start()
     leader.runner.port = endpoint.port
-    agent.membership.scope.put("endpoint", {"port": endpoint.port})
+    lifeline.publish(agent, endpoint.port)
     w = agent.world
     path = connection.path_for(environ, Path.home(), w.job_id or "local")
     connection.write(path, connection.record_for(w, endpoint.port))
