@@ -123,3 +123,23 @@ def test_node_0_judges_its_own_result_from_its_hand(server) -> None:
     evil.set(node0.key("result/0"), b"garbage")  # node 0's copy in the store: not read
     mine = {"exits": [], "from": 0}
     assert results_with_own(node0, [0, 1], 0, mine) == [mine, {"exits": [], "from": 1}]
+
+
+def test_a_node_that_found_the_tampering_first_ends_the_others_wait(server) -> None:
+    node0, first, second, evil = (
+        scope(server, 0),
+        scope(server, 1),
+        scope(server, 2),
+        outsider(server),
+    )
+    for node in (first, second):
+        node.put(f"result/{node.index}", {"exits": []})
+    node0.put("verdict", {"restart": False, "code": 0})
+    node0.close()
+    evil.delete_key(first.key("verdict"))
+    with pytest.raises(Tampered) as caught:
+        wait_verdict(first)
+    how = caught.value.message  # node 1 stops and tells the attempt (its farewell), over `closed`
+    first.report({"kind": "setup", "host": "n1", "how": how})
+    with pytest.raises(Tampered, match="n1 found the store tampered with"):
+        wait_verdict(second, "result/2")

@@ -6,7 +6,8 @@ leave its reader waiting for ever while node 0, which wrote it, has gone on. Eac
 therefore given what only a genuine job can show, and ends with "store tampering suspected at
 KEY" (exit 4) when the record is still missing although:
 - the verdict: node 0 has closed the attempt (its sealed `closed` abort record, written right
-  after the verdict) or its agent has left (its sealed departure); and a node's own result,
+  after the verdict), another node reported the same tampering there, or node 0's agent has
+  left (its sealed departure); and a node's own result,
   which node 0 needs to judge, is still there and sealed (else node 0 would wait for ever);
 - the lineup: node 0 decides it within the round's own bound (its health check, then the
   members' reports: each --health-timeout, plus the report slack), so a lineup missing
@@ -19,6 +20,7 @@ within CHECK_MAX seconds of the evidence (at once, for a wait that began with it
 from __future__ import annotations
 
 import contextlib
+import json
 import time
 from collections.abc import Callable
 from typing import Any
@@ -26,7 +28,7 @@ from typing import Any
 from agent.errors import PeerFailed
 from agent.node.membership import SCOPE as MEMBERSHIP
 from agent.node.scope import Scope
-from agent.node.sealed import Tampered, read_sealed
+from agent.node.sealed import TAMPERING, Tampered, read_sealed
 from agent.run.lineup import REPORT_SLACK, check_wait
 
 TICK = 1.0  # seconds: a wait answers to node 0's loss and failures this often; first check
@@ -113,6 +115,8 @@ def verdict_over(scope: Scope, own_result: str | None) -> Callable[[], str]:
         closed = scope.get_if("abort", "abort record")
         if closed is not None and closed.get("kind") == "closed":
             return "node 0 has closed the attempt"
+        if closed is not None and str(closed.get("how", "")).startswith(TAMPERING):
+            return f"{closed.get('host')} found the store tampered with"  # over its `closed`
         if members.get_if("gone/0", "departure") is not None:
             return "node 0's agent has left"
         return ""
@@ -134,7 +138,7 @@ def results_with_own(
     others' writers watch their own, `verdict_over`)."""
     others = [i for i in nodes if i != me]
     found = dict(zip(others, scope.get_all([f"result/{i}" for i in others], "result"), strict=True))
-    found[me] = mine
+    found[me] = json.loads(json.dumps(mine))  # as the others': what the store would hold
     return [found[i] for i in nodes]
 
 
