@@ -5,6 +5,8 @@ Endpoint on a real socket; the agents' ends live in child processes that are SIG
 from __future__ import annotations
 
 import os
+import resource
+import select
 import signal
 import subprocess
 import sys
@@ -97,3 +99,67 @@ def test_a_lifeline_naming_no_peer_of_the_job_is_refused() -> None:
         assert lines.held == 0 and lost == []
     finally:
         endpoint.close()
+
+
+SHORT = textwrap.dedent(
+    """
+    import logging, os, resource, sys
+    from agent.control.endpoint import Endpoint
+    logging.basicConfig(stream=sys.stderr, format="%(message)s")
+
+    class Echo:
+        def handle(self, channel, first):
+            channel.send({"echo": first})
+
+    endpoint = Endpoint(bytes.fromhex(sys.argv[1]), Echo())
+    endpoint.start()
+    hoard = []
+    try:
+        while True:
+            hoard.append(os.open(os.devnull, os.O_RDONLY))
+    except OSError:
+        pass  # every descriptor this process may open is taken
+    print(endpoint.port, flush=True)
+    sys.stdin.readline()  # the client is in the backlog and node 0 said it is short
+    for fd in hoard:
+        os.close(fd)
+    sys.stdin.readline()
+    """
+)
+
+
+def test_an_endpoint_short_of_descriptors_says_so_once_and_serves_when_they_free_up() -> None:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    child = subprocess.Popen(
+        [sys.executable, "-c", SHORT, KEY.hex()],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+        text=True,
+        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256)),
+    )
+    try:
+        assert child.stdout is not None and child.stdin is not None and child.stderr is not None
+        port = int(child.stdout.readline())
+        answered: list[dict | None] = []
+
+        def client() -> None:
+            channel = wire.connect_retrying("127.0.0.1", port, KEY, 10.0, 30.0)
+            channel.send({"op": "status"})
+            answered.append(channel.recv(10))
+            channel.close()
+
+        asking = threading.Thread(target=client)
+        asking.start()
+        ready, _, _ = select.select([child.stderr], [], [], 30)  # a hang-catcher only
+        told = child.stderr.readline() if ready else ""
+        assert "cannot accept a connection" in told and "ulimit -n" in told
+        child.stdin.write("free\n")
+        child.stdin.flush()
+        asking.join(30)
+        assert answered == [{"echo": {"op": "status"}}]  # the endpoint kept accepting
+    finally:
+        child.kill()
+        child.wait()
+    assert child.stderr.read().count("cannot accept") == 0  # told once, not per try
