@@ -370,6 +370,7 @@ def test_a_spare_takes_the_place_of_a_node_lost_between_runs(tmp_path):
         summary = json.loads(next(tmp_path.glob("logs/*.run1/summary.json")).read_text())
         (excluded,) = summary["excluded"]
         assert excluded["host"] == "127.0.0.2" and "lost" in excluded["why"]
+        assert "connection to node 0 closed" in excluded["why"]  # its lifeline, not a silence
 
         os.killpg(three.agents[2].proc.pid, signal.SIGKILL)
         wait_for(
