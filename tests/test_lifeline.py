@@ -14,6 +14,7 @@ import textwrap
 import threading
 import time
 
+import psutil
 from cluster import REPO, wait_for
 
 from agent.control import wire
@@ -84,6 +85,29 @@ def test_a_killed_agent_is_lost_at_once_and_one_that_says_goodbye_is_not() -> No
         dying.wait()
         assert lost == [(2, LOST)] and lines.held == 0
         assert took < 5, f"{took:.2f}s"  # a hang-catcher: it is milliseconds
+    finally:
+        endpoint.close()
+
+
+def test_an_agent_that_holds_a_new_lifeline_is_not_lost_with_its_old_one() -> None:
+    endpoint, lines, lost, told = watched(2)
+    try:
+        old = agent_end(endpoint.port, 1)
+        wait_for(lambda: lines.held == 1, 10, "the first lifeline held")
+        new = agent_end(endpoint.port, 1)  # the same node again: the newer one counts
+
+        def let_go() -> bool:  # node 0 closed the old one (adopting the new): CLOSE_WAIT here
+            links = psutil.Process(old.pid).net_connections(kind="tcp")
+            return any(c.status == psutil.CONN_CLOSE_WAIT for c in links)
+
+        wait_for(let_go, 10, "node 0 to let the old lifeline go")
+        os.kill(old.pid, signal.SIGKILL)
+        old.wait()
+        os.kill(new.pid, signal.SIGKILL)
+        assert told.wait(10)
+        new.wait()
+        wait_for(lambda: lines.held == 0, 10, "both gone")
+        assert lost == [(1, LOST)]  # once: the old lifeline's end was no loss
     finally:
         endpoint.close()
 

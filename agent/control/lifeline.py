@@ -102,10 +102,13 @@ class Lifelines:
         try:
             while not self._closed.is_set():
                 for key, _ in self._selector.select():
-                    if key.data is None:
-                        self._drain_wake()
-                    else:
-                        self._readable(key.data)
+                    try:
+                        if key.data is None:
+                            self._drain_wake()
+                        else:
+                            self._readable(key.data)
+                    except Exception as exc:  # one connection's trouble never ends the watch
+                        log.warning("lifelines: %s", exc)
         finally:
             for held in list(self._held.values()):
                 held.channel.close()
@@ -132,6 +135,8 @@ class Lifelines:
             self._selector.register(held.channel.fileno(), selectors.EVENT_READ, held)
 
     def _readable(self, held: _Held) -> None:
+        if self._held.get(held.node) is not held:
+            return  # replaced by a newer lifeline of the same agent in this same wake
         try:
             message = held.channel.recv(0.001)  # data (or EOF) is there: never waits
         except TimeoutError:
