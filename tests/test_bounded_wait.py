@@ -12,7 +12,7 @@ from datetime import timedelta
 import pytest
 from torch.distributed import TCPStore
 
-from agent.errors import ExitCode
+from agent.errors import ExitCode, PeerFailed
 from agent.node.membership import SCOPE as MEMBERSHIP
 from agent.node.scope import Scope
 from agent.node.sealed import TAMPERING, Tampered
@@ -64,12 +64,21 @@ def test_a_verdict_tampered_with_after_node_0_closed_the_attempt_is_named(server
     assert time.monotonic() - start < 10  # checks after 0.05 s, then 0.1, 0.2...: a hang-catcher
 
 
-def test_node_0_gone_without_a_verdict_is_named_too(server) -> None:
+def test_node_0_gone_in_order_without_a_verdict_is_named_too(server) -> None:
     reader = scope(server, 1)
     reader.put("result/1", {"exits": []})
     Scope(reader.store, MEMBERSHIP, 0, KEYS).put("gone/0", {"why": None})
     with pytest.raises(Tampered, match="node 0's agent has left"):
         wait_verdict(reader)
+
+
+def test_node_0_gone_on_a_failure_of_its_own_is_no_tampering(server) -> None:
+    reader = scope(server, 1)
+    reader.put("result/1", {"exits": []})
+    Scope(reader.store, MEMBERSHIP, 0, KEYS).put("gone/0", {"why": "agent received SIGTERM"})
+    with pytest.raises(PeerFailed, match="node 0's agent left: agent received SIGTERM") as caught:
+        wait_verdict(reader)
+    assert not isinstance(caught.value, Tampered) and caught.value.code == ExitCode.RENDEZVOUS
 
 
 def test_a_node_whose_own_result_vanishes_names_it(server) -> None:

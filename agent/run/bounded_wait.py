@@ -117,17 +117,26 @@ def verdict_over(scope: Scope, own_result: str | None) -> Callable[[], str]:
             return "node 0 has closed the attempt"
         if closed is not None and str(closed.get("how", "")).startswith(TAMPERING):
             return f"{closed.get('host')} found the store tampered with"  # over its `closed`
-        if members.get_if("gone/0", "departure") is not None:
-            return "node 0's agent has left"
-        return ""
+        return _node0_left(members)
 
     return over
 
 
 def node0_over(scope: Scope) -> Callable[[], str]:
-    """Node 0's departure: whatever it was to write, it has written."""
+    """Node 0's departure in order: whatever it was to write, it has written."""
     members = Scope(scope.store, MEMBERSHIP, scope.index, scope.keys)
-    return lambda: "node 0's agent has left" if members.get_if("gone/0", "departure") else ""
+    return lambda: _node0_left(members)
+
+
+def _node0_left(members: Scope) -> str:
+    """Non-empty when node 0 left in order (it wrote all it had to); PeerFailed when it left
+    on a failure of its own (told to the job already: not a tampering matter)."""
+    departed = members.get_if("gone/0", "departure")
+    if departed is None:
+        return ""
+    if departed.get("why") is not None:
+        raise PeerFailed(f"node 0's agent left: {departed.get('why')}")
+    return "node 0's agent has left"
 
 
 def results_with_own(
