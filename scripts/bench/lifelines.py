@@ -1,4 +1,4 @@
-"""12. Lifelines at scale: what node 0 pays to hold 4,096 agents' lifelines, and how fast it
+"""13. Lifelines at scale: what node 0 pays to hold 4,096 agents' lifelines, and how fast it
 notices one that drops.
 
 Node 0 runs in a process of its own (`python scripts/bench/lifelines.py node0 MODE AGENTS`): the
@@ -249,7 +249,7 @@ def run(sizes: tuple[int, ...], idle_s: float, work: Path, log) -> dict[str, Any
 
 def summarize(data: dict[str, Any]) -> tuple[Table, list[Target], dict[str, Any]]:
     table = Table(
-        f"12. Lifelines: node 0 holding every agent's connection (real endpoint on loopback; "
+        f"13. Lifelines: node 0 holding every agent's connection (real endpoint on loopback; "
         f"{data['connectors']} client threads handshaking at once; idle CPU over "
         f"{data['idle_s']:g} s; SIGKILL of a child holding one → node 0 calls the loss, "
         f"{KILLS} kills, median (min–max))",
