@@ -7,9 +7,9 @@
 Writes a markdown report to stdout and <out>/bench.md, raw numbers to <out>/bench.json.
 Sections: launch overhead, teardown latency, rendezvous scale (+ reverse DNS), tee throughput,
 CLI start, steady-state agent cost, relaunch latency (resident agents, warm ranks), hang detection
-and `agent stacks`, node loss → the next attempt on a hot spare, refusals of hostile input; on
-request only (`--only NAME`): scale, metrics (one scrape of node 0's /metrics against its pace
-look), warm fork (what adopting warm ranks costs),
+and `agent stacks`, node loss → the next attempt on a hot spare, lifelines at 4,096 agents,
+refusals of hostile input; on request only (`--only NAME`): scale, metrics (one scrape of node
+0's /metrics against its pace look), warm fork (what adopting warm ranks costs),
 `agent debug` (a pdb line to a paused rank).
 Each section has a time budget; repetitions stop when it is spent (every cell still gets at least
 one run), so the whole run stays under 10 minutes.
@@ -37,6 +37,7 @@ from bench import (  # noqa: E402
     debug,
     hang,
     launch,
+    lifelines,
     metrics,
     node_loss,
     rdzv,
@@ -61,6 +62,7 @@ SECTIONS = (
     "relaunch",
     "hang",
     "nodeloss",
+    "lifelines",
     "refusals",
     "scale",
     "metrics",
@@ -82,6 +84,7 @@ MIN_COST = {
     "relaunch": 120,
     "hang": 50,
     "nodeloss": 60,
+    "lifelines": 25,
     "refusals": 5,
     "scale": 60,
     "metrics": 30,
@@ -149,6 +152,7 @@ def plan(quick: bool) -> dict[str, Any]:
             "relaunch": {"rounds": 1, "warm_per_round": 5, "slurm_warm": 5, "budget": 120},
             "hang": {"sizes": [2, 8], "rounds": 1, "stacks_reps": [3, 3], "budget": 60},
             "nodeloss": {"sizes": [4], "reps": 1, "budget": 60},
+            "lifelines": {"sizes": [4096], "idle_s": 3.0},
             "refusals": {"tries": 1},
             "scale": {"sizes": list(scale.QUICK), "idle_s": 3.0, "budget": 60},
             "metrics": {"sizes": [64, 1024], "reps": 10},
@@ -165,6 +169,7 @@ def plan(quick: bool) -> dict[str, Any]:
         "relaunch": {"rounds": 2, "warm_per_round": 6, "slurm_warm": 8, "budget": 150},
         "hang": {"sizes": [2, 8], "rounds": 3, "stacks_reps": [3, 5], "budget": 110},
         "nodeloss": {"sizes": [4, 8], "reps": 2, "budget": 150},
+        "lifelines": {"sizes": [4096], "idle_s": 5.0},
         "refusals": {"tries": 5},
         "scale": {"sizes": list(scale.SIZES), "idle_s": 5.0, "budget": 300},
         "metrics": {"sizes": [64, 1024, 4096], "reps": 40},
@@ -212,6 +217,8 @@ def run_section(
         return scale.run(tuple(cfg["sizes"]), cfg["idle_s"], budget, work, log)
     if name == "nodeloss":
         return node_loss.run(cfg["sizes"], cfg["reps"], budget, work, log)
+    if name == "lifelines":
+        return lifelines.run(tuple(cfg["sizes"]), cfg["idle_s"], work, log)
     if name == "refusals":
         return refusals.run(cfg["tries"], work, log)
     if name == "metrics":
@@ -233,6 +240,7 @@ SUMMARIZERS: dict[
     "relaunch": relaunch.summarize,
     "hang": hang.summarize,
     "nodeloss": node_loss.summarize,
+    "lifelines": lifelines.summarize,
     "refusals": refusals.summarize,
     "scale": scale.summarize,
     "metrics": metrics.summarize,

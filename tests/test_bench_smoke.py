@@ -97,11 +97,11 @@ def test_spew_writes_exactly_the_expected_stream(tmp_path, mode, count, size, ro
     assert spew.expected(mode, count, size, 2) != spew.expected(mode, count, size, 3)
 
 
-def test_node_loss_summary_reports_each_cell_and_the_heartbeat_bar() -> None:
+def test_node_loss_summary_reports_each_cell_and_its_bar() -> None:
     from bench import node_loss
 
-    def job(nodes: int, cold: bool, first: float, ok: bool = True) -> dict:
-        return {"nodes": nodes, "cold": cold, "ok": ok, "first_line": first,
+    def job(nodes: int, cold: bool, first: float, ok: bool = True, how: str = "kill") -> dict:
+        return {"nodes": nodes, "cold": cold, "ok": ok, "first_line": first, "how": how,
                 "all_reduce": first + 1.0, "preloaded": 0 if cold else nodes * 2,
                 "spare_ran": True}  # fmt: skip
 
@@ -109,16 +109,41 @@ def test_node_loss_summary_reports_each_cell_and_the_heartbeat_bar() -> None:
         "heartbeat": 2.0,
         "nproc": 2,
         "jobs": [
-            job(4, False, 3.0),
-            job(4, False, 5.0),
+            job(4, False, 0.3),
+            job(4, False, 0.5),
             job(4, True, 2.0),
+            job(4, False, 3.0, how="hang"),
             job(8, False, 9.0, False),
         ],
     }
     table, targets, summary = node_loss.summarize(data)
-    rows = {(r[0], r[1]): r for r in table.rows}
-    assert rows[("4 × 2", "warm")][2:5] == ["2/2", "4.00 s (3.00–5.00)", "5.00 s (4.00–6.00)"]
-    assert rows[("4 × 2", "warm")][5] == "16/16" and rows[("4 × 2", "cold")][5] == "0/8"
-    assert rows[("8 × 2", "warm")][3] == "failed"
-    assert [(t.measured, t.ok) for t in targets] == [("4.00 s", True)]
-    assert summary["4xwarm"] == {"first_line": 4.0, "all_reduce": 5.0}
+    rows = {(r[0], r[1], r[2]): r for r in table.rows}
+    kill, hang = ("4 × 2", "warm", "SIGKILL (lifeline)"), ("4 × 2", "warm", "SIGSTOP (heartbeat)")
+    assert rows[kill][3:6] == ["2/2", "0.40 s (0.30–0.50)", "1.40 s (1.30–1.50)"]
+    assert rows[kill][6] == "16/16" and rows[("4 × 2", "cold", "SIGKILL (lifeline)")][6] == "0/8"
+    assert rows[("8 × 2", "warm", "SIGKILL (lifeline)")][4] == "failed"
+    assert [(t.measured, t.ok) for t in targets] == [("0.40 s", True), ("3.00 s", True)]
+    assert "0.5 s" in targets[0].wanted and "4 s" in targets[1].wanted
+    assert summary["4xwarm-kill"] == {"first_line": 0.4, "all_reduce": 1.4}
+    assert rows[hang][4] == "3.00 s (1 run)"
+
+
+def test_lifelines_summary_compares_the_selector_with_a_thread_each() -> None:
+    from bench import lifelines
+
+    def job(mode: str, rss_full: int, notices: list[float]) -> dict:
+        return {"mode": mode, "agents": 4096, "ok": True, "held": 4095, "open_s": 3.0,
+                "rss_empty": 30 << 20, "rss_full": rss_full, "threads_empty": 3,
+                "threads_full": 3 if mode == "selector" else 4097, "idle_cpu_per_s": 0.0001,
+                "notices": notices, "false_losses": 0}  # fmt: skip
+
+    data = {"idle_s": 5.0, "connectors": 8, "jobs": [
+        job("selector", (30 << 20) + 4095 * 4096, [0.002, 0.003]),
+        job("threads", (30 << 20) + 4095 * 27 * 1024, [0.002]),
+        {"mode": "selector", "agents": 64, "ok": False},
+    ]}  # fmt: skip
+    table, targets, summary = lifelines.summarize(data)
+    assert [r[5] for r in table.rows[:2]] == ["4.0 KiB", "27.0 KiB"]
+    assert table.rows[0][6] == "3 → 3" and table.rows[2][2] == "failed"
+    assert [(t.measured, t.ok) for t in targets] == [("0.003 s", True)]
+    assert summary["4096-selector"]["notice"] == 0.0025

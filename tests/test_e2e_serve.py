@@ -262,6 +262,26 @@ def test_warm_ranks_outlive_a_killed_zygote(tmp_path):
         one.kill()
 
 
+def test_status_follows_the_warm_interpreter_between_runs(tmp_path):
+    """`agent status` says a node is warm while its interpreter is, and cold once it died
+    (the state is published again when it changes, not only at start)."""
+    one = Serving(tmp_path, 1, ("--preload", "json"))  # a light zygote, no torch
+    try:
+        one.start().ready()
+
+        def shown(state: str) -> bool:
+            result = one.status()
+            return result.returncode == 0 and f" {state}" in result.stdout
+
+        wait_for(lambda: shown("warm"), 60, "status to say warm")
+        agent = psutil.Process(one.agents[0].proc.pid)
+        [zygote] = [p for p in agent.children() if "zygote_main.py" in " ".join(p.cmdline())]
+        zygote.kill()
+        wait_for(lambda: shown("cold"), 30, "status to say cold once the interpreter died")
+    finally:
+        one.kill()
+
+
 def test_stacks_of_a_warm_rank_start_at_the_users_code(tmp_path):
     """`agent stacks` on a warm rank: the agent's warm-start frames are one line, then rank.py."""
     one = Serving(tmp_path, 1, ("--preload", "json"))  # a light zygote, no torch
@@ -350,6 +370,7 @@ def test_a_spare_takes_the_place_of_a_node_lost_between_runs(tmp_path):
         summary = json.loads(next(tmp_path.glob("logs/*.run1/summary.json")).read_text())
         (excluded,) = summary["excluded"]
         assert excluded["host"] == "127.0.0.2" and "lost" in excluded["why"]
+        assert "connection to node 0 closed" in excluded["why"]  # its lifeline, not a silence
 
         os.killpg(three.agents[2].proc.pid, signal.SIGKILL)
         wait_for(

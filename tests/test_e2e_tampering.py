@@ -8,6 +8,7 @@ import os
 import re
 import signal
 import socket
+import threading
 import time
 from datetime import timedelta
 
@@ -117,9 +118,11 @@ def test_a_forged_verdict_leaves_a_restartable_job_restarting(cluster_factory, t
     assert "refusing verdict" in cluster.agents[1].stderr(), cluster.dump()
 
 
-def test_a_killed_node_is_lost_in_time_while_an_outsider_keeps_its_beat_moving(
+def test_a_hung_node_is_lost_in_time_while_an_outsider_keeps_its_beat_moving(
     cluster_factory, tmp_path
 ):
+    """The heartbeat's path: a stopped agent keeps its lifeline open (a killed one is lost at
+    once by it: tests/test_e2e_lifeline.py), so only sealed beats can tell."""
     timeout = 3.0
     args = ["--nproc-per-node", "1", "--heartbeat-timeout", str(timeout)]
     cluster = cluster_factory(2).start(
@@ -129,7 +132,7 @@ def test_a_killed_node_is_lost_in_time_while_an_outsider_keeps_its_beat_moving(
     store = outsider(cluster)
     key = job_namespace(store) + "hb/1"
     recorded = bytes(store.get(key))  # a genuine beat of node 1, for replay
-    os.kill(cluster.agents[1].proc.pid, signal.SIGKILL)
+    os.kill(cluster.agents[1].proc.pid, signal.SIGSTOP)
     killed = time.monotonic()
     rounds = 0
     while "node 1 (127.0.0.2) lost" not in cluster.agents[0].stderr():
@@ -144,6 +147,7 @@ def test_a_killed_node_is_lost_in_time_while_an_outsider_keeps_its_beat_moving(
     # (BENCHMARKS.md); 5.9 s once in CI with this loop hammering the store on the same 2 cores.
     assert took <= timeout + 12, f"lost after {took:.1f}s\n{cluster.dump()}"
     assert rounds > 1
+    os.kill(cluster.agents[1].proc.pid, signal.SIGKILL)  # the hung agent is out: end it
     assert cluster.wait(60)[0] != 0
     assert "lost" in cluster.summary()["root_cause"]["how"]
 
@@ -167,3 +171,43 @@ def test_300_idle_connections_leave_agent_status_answering(tmp_path):
         assert serving.call("down", timeout=60).returncode == 0
     finally:
         serving.kill()
+
+
+def test_a_verdict_overwritten_after_node_0_wrote_it_ends_the_wait_naming_it(
+    cluster_factory, tmp_path
+):
+    """Node 0 writes the verdict once; an outsider writes garbage over it again and again.
+    Node 1 does not wait for ever: node 0 has closed the attempt, so the verdict must be there —
+    one line naming the key, exit 4."""
+    done = tmp_path / "done"
+    args = ["--nproc-per-node", "1", FIXTURE, "--until-file", str(done)]
+    cluster = cluster_factory(2).start([*args, "--ready-to", str(tmp_path)])
+    wait_for(lambda: len(list(tmp_path.glob("ready-*"))) == 2, 60, "both ranks to start")
+    store = outsider(cluster)
+    key = job_namespace(store) + "r0/a0/verdict"
+    stop = threading.Event()
+
+    def overwrite() -> None:
+        while not stop.is_set():
+            try:
+                store.set(key, b"garbage")
+            except RuntimeError:  # the job ended: node 0's store is gone
+                return
+
+    writer = threading.Thread(target=overwrite, daemon=True)
+    writer.start()
+    try:
+        done.touch()
+        start = time.monotonic()
+        codes = cluster.wait(60)
+        took = time.monotonic() - start
+    finally:
+        stop.set()
+        writer.join(10)
+    assert codes == [0, 4], cluster.dump()
+    lines = [line for line in cluster.agents[1].stderr().splitlines() if "tampering" in line]
+    assert any(f"store tampering suspected at {key}" in line for line in lines), cluster.dump()
+    assert "node 0 has closed the attempt" in cluster.agents[1].stderr()
+    print(f"done -> every agent out: {took:.2f}s")
+    # Node 1 looks 1, 3, 7 s after it began waiting (measured: ~1-3 s); only a hang takes 30 s.
+    assert took <= 30, f"{took:.1f}s\n{cluster.dump()}"

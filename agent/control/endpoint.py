@@ -3,25 +3,32 @@
 Anyone on the cluster network can connect, so nothing is read before the peer has proved it
 holds the job's secret (agent.control.wire: HMAC challenge both ways, then AES-GCM frames). Each
 connection gets a thread; their number is bounded, and so is the time a peer may take to
-authenticate and to say what it wants.
+authenticate and to say what it wants. Agents' lifelines (agent.control.lifeline) leave their
+thread once authenticated: node 0 holds thousands of them in one selector thread.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import socket
 import threading
-from typing import Any, Protocol
+import time
+from typing import TYPE_CHECKING, Any, Protocol
 
 from agent.control import wire
 from agent.errors import AgentError
+
+if TYPE_CHECKING:
+    from agent.control.lifeline import Lifelines
 
 log = logging.getLogger("agent")
 HANDSHAKE_TIMEOUT = 1.0  # to prove the secret: a silent peer holds a slot no longer
 REQUEST_TIMEOUT = 10.0  # an authenticated client's first request
 MAX_UNAUTHENTICATED = 64  # peers still proving themselves; more are turned away at once
 MAX_PER_PEER = 16  # of those, from one address: one host cannot take every slot
+SHORT_OF_FDS = 0.1  # seconds between accepts while the process has no descriptor left
 
 
 class Handler(Protocol):
@@ -29,9 +36,12 @@ class Handler(Protocol):
 
 
 class Endpoint:
-    def __init__(self, auth_key: bytes, handler: Handler) -> None:
+    def __init__(
+        self, auth_key: bytes, handler: Handler, lifelines: Lifelines | None = None
+    ) -> None:
         self._key = auth_key
         self._handler = handler
+        self._lifelines = lifelines  # node 0: where agents' lifelines go once authenticated
         if socket.has_dualstack_ipv6():
             self._sock = socket.create_server(
                 ("", 0), family=socket.AF_INET6, dualstack_ipv6=True, backlog=512
@@ -48,17 +58,32 @@ class Endpoint:
 
     def close(self) -> None:
         self._closed.set()
+        if self._lifelines is not None:
+            self._lifelines.close()
         with contextlib.suppress(OSError):
             self._sock.shutdown(socket.SHUT_RDWR)
         with contextlib.suppress(OSError):
             self._sock.close()
 
     def _accept_loop(self) -> None:
+        short = False
         while not self._closed.is_set():
             try:
                 conn, addr = self._sock.accept()
-            except OSError:
-                return
+            except OSError as exc:
+                if self._closed.is_set() or exc.errno not in _SHORT_OF_FDS:
+                    return
+                if not short:  # told once; the peer waits in the backlog and retries
+                    log.warning(
+                        "node 0's endpoint cannot accept a connection: %s (the open-files limit "
+                        "is spent; raise `ulimit -n` — agents without a lifeline are still "
+                        "watched by heartbeat)",
+                        exc.strerror or exc,
+                    )
+                short = True
+                time.sleep(SHORT_OF_FDS)  # not a synchronisation: the kernel has no event for it
+                continue
+            short = False
             host = str(addr[0]) if isinstance(addr, tuple) and addr else "?"
             why = self._admit(host)
             if why:  # a flood of silent peers must not starve real clients of threads
@@ -104,12 +129,19 @@ class Endpoint:
         if not isinstance(first, dict):
             channel.close()
             return
+        if first.get("op") == "lifeline" and self._lifelines is not None:
+            if not self._lifelines.adopt(channel, first):  # held by the lifelines' thread now
+                channel.close()
+            return
         try:
             self._handler.handle(channel, first)
         except Exception as exc:  # one client's trouble never takes the resident agents down
             log.warning("client %s: %s", _peer(addr), exc)
         finally:
             channel.close()
+
+
+_SHORT_OF_FDS = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 
 
 def _turn_away(conn: socket.socket, why: str) -> None:

@@ -11,7 +11,7 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agent.control import connection, wire
 from agent.control.debug_service import DebugService, paused_ranks
@@ -20,6 +20,9 @@ from agent.pause.paused import render_list
 from agent.plan.rank_set import parse_rank_set
 from agent.run.node_run import Session
 from agent.world import World
+
+if TYPE_CHECKING:
+    from agent.control.lifeline import Lifelines
 
 log = logging.getLogger("agent")
 CONTROL_FILE = "control.json"
@@ -76,12 +79,17 @@ class Control:
 
 
 def open_control(
-    session: Session, client_key: bytes, world: World, log_dir: str
+    session: Session,
+    client_key: bytes,
+    world: World,
+    log_dir: str,
+    lifelines: Lifelines | None = None,
 ) -> tuple[Any, str | None]:
-    """One-shot node 0: the endpoint for `agent stacks` and its control.json."""
+    """One-shot node 0: the endpoint for `agent stacks` (and the agents' `lifelines`: a
+    multi-node job) and its control.json."""
     from agent.control.endpoint import Endpoint
 
-    endpoint = Endpoint(client_key, Control(session))
+    endpoint = Endpoint(client_key, Control(session), lifelines)
     endpoint.start()
     return endpoint, write_control(log_dir, world, endpoint.port, 0)
 

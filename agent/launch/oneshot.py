@@ -9,7 +9,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from agent.control import lifeline
 from agent.control.connection import remove
+from agent.control.lifeline import Lifeline
 from agent.control.stacks_service import open_control
 from agent.errors import AgentError, PeerFailed
 from agent.launch.cli import Command
@@ -40,14 +42,18 @@ def launch(command: Command, environ: Mapping[str, str]) -> int:
     session = Session(agent)  # join, execute one run in it, leave
     plan = None
     control: tuple[Any, str | None] = (None, None)
+    line: Lifeline | None = None
     warm = WarmSource(() if options.cold else preload_modules(options.preload), resident=False)
     try:
         agent.connect()
         if agent.leader:
             plan = decide(request, world, topology)
             session.offer(0, plan)
-            control = open_control(session, agent.keys.client_key, world, plan.log_dir)
+            lines = lifeline.watch(agent)  # the peers' lifelines: a dead one is lost at once
+            control = open_control(session, agent.keys.client_key, world, plan.log_dir, lines)
+            lifeline.publish(agent, control[0].port)
         agent.meet()
+        line = lifeline.hold(agent)  # node 0 hears of this agent's death at once
         replan = (lambda nodes: decide(request, world, topology, nodes)) if agent.leader else None
         code = session.execute(0, plan, RunTools(topology, warm, replan=replan))
         agent.leave()
@@ -68,6 +74,8 @@ def launch(command: Command, environ: Mapping[str, str]) -> int:
     except (RuntimeError, OSError) as exc:  # torch's DistNetworkError & co: node 0 went away
         raise lost_store_error(exc) from None
     finally:
+        if line is not None:
+            line.goodbye()  # leaving in order (or told already): no loss
         _close_control(*control)
         warm.close()
         agent.close()

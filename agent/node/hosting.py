@@ -7,13 +7,13 @@ import ipaddress
 import resource
 import socket
 
-# Connections node 0's server holds per agent: main, failure reports, heartbeat, and during an
-# attempt its abort watcher and stacks desk.
-FDS_PER_AGENT = 5
+# Connections node 0 holds per agent: the store's main, failure reports, heartbeat, and during an
+# attempt its abort watcher and stacks desk; and the agent's lifeline (agent.control.lifeline).
+FDS_PER_AGENT = 6
 
 
 def raise_fd_limit(agents: int) -> tuple[int, int]:
-    """Node 0 serves every agent's connections (FDS_PER_AGENT each): 4,096 nodes need ~20K file
+    """Node 0 serves every agent's connections (FDS_PER_AGENT each): 4,096 nodes need ~25K file
     descriptors, 200 already pass the soft limit many sites keep (1024). Raise the soft limit
     as far as this job needs (and the hard limit allows) — only then, since node 0's ranks
     inherit it; returns (soft before, soft now)."""

@@ -24,6 +24,7 @@ FIRST_TICK = 30.0  # seconds node 0 waits for a peer's first heartbeat before co
 # --heartbeat-timeout. Node 0's store spends ~4x more on a query it answers (a write, the reply's
 # delivery) than on one it only reads (4,096 a second on this machine: 9 % of a core against 2 %).
 TICKS_PER_SECOND = 2048
+SCOPE = "m"  # the membership's keys: claims, the join, beats, departures (gone/<index>)
 
 
 def pace(agents: int, interval: float, lost_after: float, leader: bool) -> tuple[float, int]:
@@ -48,7 +49,7 @@ class Membership:
         self.agents = agents
         self.index = index
         self.names = names  # "node 3 (n4)" per agent, for messages
-        self.scope = Scope(store, "m", index, keys, wakes=("done",))
+        self.scope = Scope(store, SCOPE, index, keys, wakes=("done",))
 
     def claim(self, host: str) -> None:
         """Take this node index for the job, once: a second agent with the same one is refused

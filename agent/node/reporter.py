@@ -21,6 +21,7 @@ from agent.node.store import Store
 from agent.world import World
 
 log = logging.getLogger("agent")
+SILENT = "lost: its agent stopped answering"
 
 
 class Reporter:
@@ -63,9 +64,12 @@ class Reporter:
             log.error("first failure of the job: %s", record.get("how"))
         return published
 
-    def peer_silent(self, index: int) -> None:
-        """Heartbeat thread, node 0: a peer stopped ticking. Mid-run, that fails the attempt."""
+    def peer_silent(self, index: int, reason: str = SILENT) -> None:
+        """Node 0, heartbeat thread (a peer stopped ticking) or lifelines thread (its process
+        ended): the peer is lost, once. Mid-run, that fails the attempt."""
         with self._lock:  # noted and the phase read together: `enter` carries it, or we report
+            if index in self.lost_peers:
+                return  # the other watcher named it first
             departed = (
                 self.membership.scope.on(self._side).get_if(f"gone/{index}", "departure")
                 if self._side
@@ -73,7 +77,7 @@ class Reporter:
             )
             if departed is not None and departed.get("why") is None:
                 return  # an orderly exit
-            reason = f"left: {departed['why']}" if departed else "lost: its agent stopped answering"
+            reason = f"left: {departed['why']}" if departed else reason
             why = f"{self.names[index]} {reason}"
             self.lost_peers.add(index)
             self.lost_why[index] = why

@@ -26,7 +26,8 @@ from agent.plan.options import Options
 from agent.plan.roster import Exclusion, Roster, Shortfall
 from agent.run import outputs
 from agent.run.attempt import NodeAttempt
-from agent.run.lineup import Lineup, await_key, seating
+from agent.run.bounded_wait import await_verdict, results_with_own
+from agent.run.lineup import Lineup, seating
 from agent.run.prepare import Prepared, replanned
 from agent.run.roll_call import RollCall
 from agent.run.summary import build_summary, job_record, render_report
@@ -140,7 +141,7 @@ class Run:
                 if leader:
                     decision = self._decide(prepared, scope, attempt, roster, history, outcome)
                 else:
-                    decision = scope.get("verdict", "verdict")
+                    decision = await_verdict(scope, seat.events, f"result/{me}")
             if decision.get("restart") and (outcome is None or outcome.signum is None):
                 attempt += 1
                 continue
@@ -158,7 +159,7 @@ class Run:
     ) -> dict[str, Any]:
         """Node 0: judge the attempt, tell everyone, write the summary when it is the last."""
         options = prepared.plan.options
-        verdict, progressed = self._judge(scope, attempt, roster, options)
+        verdict, progressed = self._judge(scope, attempt, roster, options, _result(outcome))
         if options.progress_regex is not None and not options.restart_without_progress:
             before = [bool(a.get("progressed")) for a in history]
             verdict = guard_loop(verdict, [*before, progressed])
@@ -188,11 +189,12 @@ class Run:
         return decision
 
     def _judge(
-        self, scope: Scope, attempt: int, roster: Roster, options: Options
+        self, scope: Scope, attempt: int, roster: Roster, options: Options, mine: dict[str, Any]
     ) -> tuple[Verdict, bool]:
         """The verdict, and whether any rank made progress (a --progress-regex line)."""
         # Waits for every node's result; a lost node's is written by node 0's heartbeat monitor.
-        results = scope.get_all([f"result/{i}" for i in roster.nodes], "result")
+        me = self.seat.world.agent_index
+        results = results_with_own(scope, list(roster.nodes), me, mine)
         failures = [r["failure"] for r in results if r.get("failure")]
         failures += self.seat.lost_failures(scope)
         lost = [a for a, r in zip(roster.nodes, results, strict=True) if r.get("lost")]
@@ -210,8 +212,7 @@ class Run:
         if warm is not None and not prepared.plan.options.cold:
             warm.ensure(self.environ)
         # Failures are node 0's to judge; if node 0 itself goes, the store closes under the wait.
-        await_key(scope, "verdict", self.seat.events, fatal=lambda scope: None)
-        return scope.get("verdict", "verdict")
+        return await_verdict(scope, self.seat.events, None)
 
     def _seat(self, prepared: Prepared, lineup: Lineup, attempt: int) -> None:
         plan = prepared.plan

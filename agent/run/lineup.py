@@ -14,7 +14,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from agent.errors import AgentError, ExitCode, PeerFailed
+from agent.errors import AgentError, ExitCode
 from agent.node.events import StoreLost, drained
 from agent.node.scope import Scope
 from agent.node.sealed import Tampered
@@ -190,14 +190,3 @@ def check_wait(
         if isinstance(event, StoreLost):
             raise AgentError(f"{event.why}: node 0's agent is gone", ExitCode.RENDEZVOUS)
     return fatal(scope)
-
-
-def await_key(scope: Scope, name: str, events: Any, fatal: Callable[[Scope], dict | None]) -> None:
-    """Wait for `name` as long as it takes, answering to signals (the wait is a Python socket
-    read), to node 0 vanishing and to a failure in the scope that ends the wait (`fatal`),
-    each within a second."""
-    key = scope.key(name)
-    while not scope.store.wait([key], 1.0):
-        failure = check_wait(scope, events, fatal)
-        if failure is not None:
-            raise PeerFailed(f"{failure.get('host')}: {failure.get('how')}")

@@ -13,12 +13,12 @@ from agent.node.scope import Scope
 from agent.node.seat import RunSeat
 from agent.plan.roster import Roster, Shortfall, excluded_hosts, foreign_excludes, seated
 from agent.plan.run_plan import node_layout
+from agent.run.bounded_wait import await_sealed, lineup_limit, node0_over
 from agent.run.gpu_faults import gpu_faults
 from agent.run.health import Health, HealthCheck, examine
 from agent.run.lineup import (
     REPORT_SLACK,
     Lineup,
-    await_key,
     check_wait,
     exclusions,
     gather,
@@ -61,8 +61,10 @@ class RollCall:
             lineup = self._decide(lost)
             scope.put("lineup", lineup.to_json())
             return lineup
-        await_key(scope, "lineup", seat.events, fatal=round_failure)
-        return Lineup.from_json(scope.get("lineup", "lineup"))
+        limit = lineup_limit(self.prepared.plan.options.health_timeout)
+        over = node0_over(scope)
+        record = await_sealed(scope, "lineup", "lineup", seat.events, round_failure, over, limit)
+        return Lineup.from_json(record)
 
     def examine(self) -> Health | None:
         """This node's health for the next attempt (None: not a member any more)."""

@@ -8,6 +8,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from agent.errors import ExitCode
+from agent.node.sealed import TAMPERING
 from agent.run.summary import RankExit
 
 
@@ -43,12 +44,14 @@ def judge(
         ranks.append(gone.to_json())
     code = _code(cause, ranks, lost, results)
     signalled = any(r.get("signal") for r in results)
-    # An operator's stop is final; a lost node's place must be filled before the world can run.
+    # An operator's stop is final; a lost node's place must be filled before the world can run;
+    # a store an outsider tampers with would only be tampered with again.
     restart = (
         code != ExitCode.OK
         and attempt < max_restarts
         and not signalled
         and (not lost or replaceable)
+        and not tampered(cause)
     )
     record = {
         "attempt": attempt,
@@ -58,6 +61,12 @@ def judge(
         "warnings": [w for r in results for w in r.get("warnings") or []][:1000],
     }
     return Verdict(int(code), restart, cause, record)
+
+
+def tampered(cause: Mapping[str, Any] | None) -> bool:
+    """Whether the root cause is an agent that found the store tampered with (a record the job
+    wrote gone or altered: agent.run.bounded_wait)."""
+    return cause is not None and str(cause.get("how", "")).startswith(TAMPERING)
 
 
 def guard_loop(verdict: Verdict, progressed: Sequence[bool]) -> Verdict:
@@ -101,7 +110,7 @@ def _code(
     stop = _stop_signal(cause, results)
     if stop:  # README's table: 130 after SIGINT, 143 after SIGTERM, whatever the ranks did then
         return 128 + stop
-    if any(r.get("refused") for r in results):
+    if any(r.get("refused") for r in results) or tampered(cause):
         return ExitCode.REFUSED
     if lost or (cause and cause.get("kind") == "lost"):
         return ExitCode.RENDEZVOUS

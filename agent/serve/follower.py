@@ -10,7 +10,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from agent.control import wire
+from agent.control import lifeline, wire
 from agent.errors import AgentError, ExitCode, PeerFailed
 from agent.node.agent import NodeAgent
 from agent.node.events import StoreLost, drained
@@ -27,6 +27,20 @@ log = logging.getLogger("agent")
 
 def follow(agent: NodeAgent, warm: WarmSource, read_topology: Callable[[str], Any]) -> int:
     feed = _open_feed(agent)
+    line = lifeline.hold(agent)  # node 0's endpoint is known now: hear of our death at once
+    try:
+        return _follow(agent, warm, read_topology, feed)
+    finally:
+        if line is not None:
+            line.goodbye()  # leaving in order, or told already (farewell): no loss
+
+
+def _follow(
+    agent: NodeAgent,
+    warm: WarmSource,
+    read_topology: Callable[[str], Any],
+    feed: wire.Channel | None,
+) -> int:
     session = Session(agent)  # the runs of this resident agent
     number = 0
     while True:
@@ -68,7 +82,7 @@ def _open_feed(agent: NodeAgent) -> wire.Channel | None:
     try:
         if not m.store.wait([m.key("endpoint")], agent.settings.rdzv_timeout):
             raise TimeoutError("node 0 never published its endpoint")
-        port = int(m.get("endpoint", "node 0's endpoint")["port"])
+        port = int(m.get(lifeline.ENDPOINT, "node 0's endpoint")["port"])
         channel = wire.connect_retrying(w.master_addr, port, agent.keys.client_key, 10.0)
         channel.send({"op": "feed", "node": w.agent_index})
         return channel

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from agent.control import connection
+from agent.control import connection, lifeline
 from agent.control.endpoint import Endpoint
 from agent.errors import AgentError
 from agent.launch.node_start import node_agent, node_world, topology_at
@@ -31,6 +31,7 @@ from agent.serve.leader import Leader
 from agent.serve.runner import RunRunner
 
 log = logging.getLogger("agent")
+_WARM_LOOK = 2.0  # seconds between looks at whether this node's warm interpreter changed
 
 
 def serve(command: ServeCommand, environ: Mapping[str, str]) -> int:
@@ -70,10 +71,10 @@ def serve(command: ServeCommand, environ: Mapping[str, str]) -> int:
 
 
 def _lead(agent: NodeAgent, leader: Leader, warm: WarmSource, environ: dict[str, str]) -> int:
-    endpoint = Endpoint(agent.keys.client_key, leader)
+    endpoint = Endpoint(agent.keys.client_key, leader, lifeline.watch(agent))
     endpoint.start()
     leader.runner.port = endpoint.port
-    agent.membership.scope.put("endpoint", {"port": endpoint.port})
+    lifeline.publish(agent, endpoint.port)
     w = agent.world
     path = connection.path_for(environ, Path.home(), w.job_id or "local")
     connection.write(path, connection.record_for(w, endpoint.port))
@@ -109,19 +110,28 @@ def _stop_everyone(agent: NodeAgent, leader: Leader | None, how: str) -> None:
 
 
 def _announce_warm(agent: NodeAgent, warm: WarmSource) -> None:
-    """Publish this node's warm state once its interpreter is ready (for `agent status`)."""
+    """Publish this node's warm state once its interpreter is ready (for `agent status`), and
+    again whenever it changes (a dead interpreter replaced before a run: a new pid)."""
+    key = f"warm/{agent.world.agent_index}"
     if not warm.enabled or warm.zygote is None:
-        agent.membership.scope.put(f"warm/{agent.world.agent_index}", warm.status())
+        agent.membership.scope.put(key, warm.status())
         return
     side = agent.membership.scope.on(agent.store.another_client())
-    zygote = warm.zygote
 
     def run() -> None:
-        zygote.wait_ready(600.0)
-        try:
-            side.put(f"warm/{agent.world.agent_index}", warm.status())
-        except Exception:
-            pass
+        told: dict[str, Any] | None = None
+        while not agent.stop.is_set():
+            zygote = warm.zygote
+            if zygote is not None:
+                zygote.wait_ready(600.0)
+            now = warm.status()
+            if now != told:
+                try:
+                    side.put(key, now)
+                    told = now
+                except Exception:
+                    return  # the store is gone: so is every reader of this key
+            agent.stop.wait(_WARM_LOOK)  # a look at local state; published only when it changed
 
     threading.Thread(target=run, name="warm-announce", daemon=True).start()
 

@@ -1,4 +1,4 @@
-"""13. `agent debug` on a paused job (2 loopback nodes × 1 rank; rank 1 paused at breakpoint()).
+"""14. `agent debug` on a paused job (2 loopback nodes × 1 rank; rank 1 paused at breakpoint()).
 
 What a user waits for: one pdb line in an attached session (node 0's endpoint → the job store →
 rank 1's agent → its unix socket → pdb, and back), and whole commands with the interpreter's
@@ -107,7 +107,7 @@ def run(reps: int, work: Path, log) -> dict[str, Any]:
 
 def summarize(data: dict[str, Any]) -> tuple[Table, list[Target], dict[str, Any]]:
     table = Table(
-        "13. `agent debug` on a paused 2 × 1 job (rank 1 at breakpoint(); wall times)",
+        "14. `agent debug` on a paused 2 × 1 job (rank 1 at breakpoint(); wall times)",
         ["what", "median", "spread", "n"],
     )
     session = data.get("session", [])

@@ -1,0 +1,160 @@
+"""Waits for a record node 0 writes once — a lineup, a verdict — that end even when an outsider
+deletes it or writes garbage over it (issue 25, item 4).
+
+A value that does not open is absent (agent.node.sealed), so a forged or deleted record would
+leave its reader waiting for ever while node 0, which wrote it, has gone on. Each wait is
+therefore given what only a genuine job can show, and ends with "store tampering suspected at
+KEY" (exit 4) when the record is still missing although:
+- the verdict: node 0 has closed the attempt (its sealed `closed` abort record, written right
+  after the verdict), another node reported the same tampering there, or node 0's agent has
+  left (its sealed departure); and a node's own result,
+  which node 0 needs to judge, is still there and sealed (else node 0 would wait for ever);
+- the lineup: node 0 decides it within the round's own bound (its health check, then the
+  members' reports: each --health-timeout, plus the report slack), so a lineup missing
+  LINEUP_MARGIN seconds after that is not a slow node 0.
+These checks cost a few queries, first after a second, then less and less often (at most every
+CHECK_MAX seconds): a wait that ends normally pays nothing, and a tampered record is named
+within CHECK_MAX seconds of the evidence (at once, for a wait that began with it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from collections.abc import Callable
+from typing import Any
+
+from agent.errors import PeerFailed
+from agent.node.membership import SCOPE as MEMBERSHIP
+from agent.node.scope import Scope
+from agent.node.sealed import TAMPERING, Tampered, read_sealed
+from agent.run.lineup import REPORT_SLACK, check_wait
+
+TICK = 1.0  # seconds: a wait answers to node 0's loss and failures this often; first check
+CHECK_MAX = 30.0  # seconds between looks at the evidence, at most (doubling from TICK)
+LINEUP_MARGIN = 30.0  # seconds past the round's own bound (node 0's replan, a fresh store)
+SETTLE = 0.25  # seconds a last read waits past a forgery once the record must be there
+
+
+class _Over(Exception):
+    def __init__(self, why: str) -> None:
+        self.why = why
+
+
+def lineup_limit(health_timeout: float) -> float:
+    """How long a member waits for the lineup after posting its health: node 0's own check,
+    then its wait for the reports, then the margin."""
+    return 2 * health_timeout + REPORT_SLACK + LINEUP_MARGIN
+
+
+def await_sealed(
+    scope: Scope,
+    name: str,
+    what: str,
+    events: Any,
+    fatal: Callable[[Scope], dict | None],
+    over: Callable[[], str] = lambda: "",
+    limit: float | None = None,
+    tick: float = TICK,
+) -> dict[str, Any]:
+    """The sealed record `name` of `scope`, waited for while answering to node 0's loss and to
+    a failure that ends the wait (`fatal`), each within `tick` seconds. `over()` says
+    (non-empty) why the record must exist by now; `limit`: seconds after which it must.
+    Either ends the wait as Tampered when no sealed record is there."""
+    key = scope.key(name)
+    started = time.monotonic()
+    check = {"at": started + tick, "every": tick}
+
+    def woken() -> None:
+        failure = check_wait(scope, events, fatal)
+        if failure is not None:
+            raise PeerFailed(f"{failure.get('host')}: {failure.get('how')}")
+        now = time.monotonic()
+        if limit is not None and now - started > limit:
+            raise _Over(f"none came within {limit:g}s")
+        if now < check["at"]:
+            return
+        check["every"] = min(check["every"] * 2, CHECK_MAX)
+        check["at"] = now + check["every"]
+        why = over()
+        if why:
+            raise _Over(why)
+
+    try:
+        while not scope.store.wait([key], tick):
+            woken()
+        data = scope.store.get_bytes(key, present=True)
+        record = read_sealed(scope.store, scope.keys, key, what, data, woken=woken)
+    except _Over as ended:
+        return _last_look(scope, key, what, ended.why)
+    assert record is not None  # no stop event: a record or an exception
+    return record
+
+
+def _last_look(scope: Scope, key: str, what: str, why: str) -> dict[str, Any]:
+    """The record must be there: one more read (past a forgery for SETTLE s), else Tampered."""
+    if scope.store.exists(key):
+        data = scope.store.get_bytes(key, present=True)
+        with contextlib.suppress(Tampered):  # said below, with why it had to be there
+            return read_sealed(scope.store, scope.keys, key, what, data, SETTLE) or {}
+    raise Tampered(key, f"the {what} is gone or does not open, yet {why}")
+
+
+def verdict_over(scope: Scope, own_result: str | None) -> Callable[[], str]:
+    """What shows that node 0 wrote the attempt's verdict (or never can): its sealed `closed`
+    record, its agent's departure; or (`own_result`, a node that ran ranks) our own result,
+    which node 0 waits for, gone or altered — then Tampered at once, naming it."""
+    members = Scope(scope.store, MEMBERSHIP, scope.index, scope.keys)
+
+    def over() -> str:
+        if own_result is not None and scope.get_if(own_result, "result") is None:
+            raise Tampered(
+                scope.key(own_result), "the result this node wrote is gone or does not open"
+            )
+        closed = scope.get_if("abort", "abort record")
+        if closed is not None and closed.get("kind") == "closed":
+            return "node 0 has closed the attempt"
+        if closed is not None and str(closed.get("how", "")).startswith(TAMPERING):
+            return f"{closed.get('host')} found the store tampered with"  # over its `closed`
+        return _node0_left(members)
+
+    return over
+
+
+def node0_over(scope: Scope) -> Callable[[], str]:
+    """Node 0's departure in order: whatever it was to write, it has written."""
+    members = Scope(scope.store, MEMBERSHIP, scope.index, scope.keys)
+    return lambda: _node0_left(members)
+
+
+def _node0_left(members: Scope) -> str:
+    """Non-empty when node 0 left in order (it wrote all it had to); PeerFailed when it left
+    on a failure of its own (told to the job already: not a tampering matter)."""
+    departed = members.get_if("gone/0", "departure")
+    if departed is None:
+        return ""
+    if departed.get("why") is not None:
+        raise PeerFailed(f"node 0's agent left: {departed.get('why')}")
+    return "node 0's agent has left"
+
+
+def results_with_own(
+    scope: Scope, nodes: list[int], me: int, mine: dict[str, Any]
+) -> list[dict[str, Any]]:
+    """Node 0: every node's sealed result, its own taken from its hand (a copy in the store
+    that an outsider deleted or replaced could otherwise stop the judging for ever; the
+    others' writers watch their own, `verdict_over`)."""
+    others = [i for i in nodes if i != me]
+    found = dict(zip(others, scope.get_all([f"result/{i}" for i in others], "result"), strict=True))
+    found[me] = json.loads(json.dumps(mine))  # as the others': what the store would hold
+    return [found[i] for i in nodes]
+
+
+def await_verdict(
+    scope: Scope, events: Any, own_result: str | None, tick: float = TICK
+) -> dict[str, Any]:
+    """A node (`own_result`: the name of the result it wrote) or a spare (None) waits for node
+    0's verdict on the attempt; a failure elsewhere is node 0's to judge, not ours."""
+    over = verdict_over(scope, own_result)
+    return await_sealed(scope, "verdict", "verdict", events, lambda scope: None, over, tick=tick)

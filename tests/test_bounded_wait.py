@@ -1,0 +1,154 @@
+"""A verdict or lineup an outsider deletes or overwrites (torch's own client, real server) ends
+its readers' wait as "store tampering suspected at KEY" once the job shows it must be there —
+never a wait for ever — and a forgery before node 0 has written it is still only waited past."""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from datetime import timedelta
+
+import pytest
+from torch.distributed import TCPStore
+
+from agent.errors import ExitCode, PeerFailed
+from agent.node.membership import SCOPE as MEMBERSHIP
+from agent.node.scope import Scope
+from agent.node.sealed import TAMPERING, Tampered
+from agent.node.store import Endpoint, Store
+from agent.node.store_client import StoreClient
+from agent.node.trust import JobKeys
+from agent.run.bounded_wait import await_sealed, await_verdict, results_with_own
+
+KEYS = JobKeys.derive(b"bounded-wait-test", "job", "0")
+TICK = 0.05  # the waits' tick, shortened: checks begin after it and double from there
+
+
+@pytest.fixture()
+def server():
+    return TCPStore(
+        "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=30)
+    )
+
+
+def scope(server, index: int, prefix: str = "r0/a0") -> Scope:
+    store = Store(
+        StoreClient.connect("127.0.0.1", server.port, 10), Endpoint("127.0.0.1", server.port), "n/"
+    )
+    return Scope(store, prefix, index, KEYS)
+
+
+def outsider(server) -> TCPStore:
+    return TCPStore("127.0.0.1", server.port, is_master=False, timeout=timedelta(seconds=30))
+
+
+def wait_verdict(reader: Scope, own: str | None = "result/1") -> dict:
+    return await_verdict(reader, queue.SimpleQueue(), own, tick=TICK)
+
+
+@pytest.mark.parametrize("forgery", [None, b"garbage"])  # deleted, or replaced by garbage
+def test_a_verdict_tampered_with_after_node_0_closed_the_attempt_is_named(server, forgery) -> None:
+    node0, reader, evil = scope(server, 0), scope(server, 1), outsider(server)
+    reader.put("result/1", {"exits": []})
+    node0.put("verdict", {"restart": False, "code": 0})
+    node0.close()  # the sealed `closed` record: the verdict was written before it
+    key = reader.key("verdict")
+    evil.delete_key(key) if forgery is None else evil.set(key, forgery)
+    start = time.monotonic()
+    with pytest.raises(Tampered) as caught:
+        wait_verdict(reader)
+    assert caught.value.message.startswith(f"{TAMPERING} at {key}:")
+    assert "node 0 has closed the attempt" in caught.value.message
+    assert caught.value.code == ExitCode.REFUSED
+    assert time.monotonic() - start < 10  # checks after 0.05 s, then 0.1, 0.2...: a hang-catcher
+
+
+def test_node_0_gone_in_order_without_a_verdict_is_named_too(server) -> None:
+    reader = scope(server, 1)
+    reader.put("result/1", {"exits": []})
+    Scope(reader.store, MEMBERSHIP, 0, KEYS).put("gone/0", {"why": None})
+    with pytest.raises(Tampered, match="node 0's agent has left"):
+        wait_verdict(reader)
+
+
+def test_node_0_gone_on_a_failure_of_its_own_is_no_tampering(server) -> None:
+    reader = scope(server, 1)
+    reader.put("result/1", {"exits": []})
+    Scope(reader.store, MEMBERSHIP, 0, KEYS).put("gone/0", {"why": "agent received SIGTERM"})
+    with pytest.raises(PeerFailed, match="node 0's agent left: agent received SIGTERM") as caught:
+        wait_verdict(reader)
+    assert not isinstance(caught.value, Tampered) and caught.value.code == ExitCode.RENDEZVOUS
+
+
+def test_a_node_whose_own_result_vanishes_names_it(server) -> None:
+    reader, evil = scope(server, 1), outsider(server)
+    reader.put("result/1", {"exits": []})
+    evil.delete_key(reader.key("result/1"))  # node 0 would wait for it for ever
+    with pytest.raises(Tampered) as caught:
+        wait_verdict(reader)
+    assert caught.value.message.startswith(f"{TAMPERING} at {reader.key('result/1')}:")
+
+
+def test_a_forged_verdict_before_node_0_wrote_its_own_is_waited_past(server) -> None:
+    node0, reader, evil = scope(server, 0), scope(server, 1), outsider(server)
+    reader.put("result/1", {"exits": []})
+    evil.set(reader.key("verdict"), b"garbage")
+    got: list[dict] = []
+    waiter = threading.Thread(target=lambda: got.append(wait_verdict(reader)))
+    waiter.start()
+    waiter.join(0.5)  # several checks have passed: the attempt is not over, so it waits on
+    assert waiter.is_alive() and not got
+    node0.put("verdict", {"restart": True, "code": 1})
+    node0.close()
+    waiter.join(30)
+    assert got == [{"restart": True, "code": 1}]
+
+
+def test_a_spare_waits_for_the_verdict_without_a_result_of_its_own(server) -> None:
+    node0, spare = scope(server, 0), scope(server, 2)
+    got: list[dict] = []
+    waiter = threading.Thread(target=lambda: got.append(wait_verdict(spare, None)))
+    waiter.start()
+    waiter.join(0.5)
+    assert waiter.is_alive()
+    node0.put("verdict", {"restart": False, "code": 0})
+    waiter.join(30)
+    assert got == [{"restart": False, "code": 0}]
+
+
+def test_a_lineup_that_never_comes_sealed_ends_at_its_limit(server) -> None:
+    reader, evil = scope(server, 1, "r0/l0"), outsider(server)
+    evil.set(reader.key("lineup"), b"garbage")
+    start = time.monotonic()
+    with pytest.raises(Tampered, match="none came within 0.3s"):
+        await_sealed(reader, "lineup", "lineup", queue.SimpleQueue(), lambda s: None, limit=0.3)
+    assert time.monotonic() - start < 10
+
+
+def test_node_0_judges_its_own_result_from_its_hand(server) -> None:
+    node0, node1, evil = scope(server, 0), scope(server, 1), outsider(server)
+    node1.put("result/1", {"exits": [], "from": 1})
+    evil.set(node0.key("result/0"), b"garbage")  # node 0's copy in the store: not read
+    mine = {"exits": [], "from": 0}
+    assert results_with_own(node0, [0, 1], 0, mine) == [mine, {"exits": [], "from": 1}]
+
+
+def test_a_node_that_found_the_tampering_first_ends_the_others_wait(server) -> None:
+    node0, first, second, evil = (
+        scope(server, 0),
+        scope(server, 1),
+        scope(server, 2),
+        outsider(server),
+    )
+    for node in (first, second):
+        node.put(f"result/{node.index}", {"exits": []})
+    node0.put("verdict", {"restart": False, "code": 0})
+    node0.close()
+    evil.delete_key(first.key("verdict"))
+    with pytest.raises(Tampered) as caught:
+        wait_verdict(first)
+    how = caught.value.message  # node 1 stops and tells the attempt (its farewell), over `closed`
+    first.report({"kind": "setup", "host": "n1", "how": how})
+    with pytest.raises(Tampered, match="n1 found the store tampered with"):
+        wait_verdict(second, "result/2")
