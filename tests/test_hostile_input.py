@@ -232,6 +232,7 @@ BAD_NUMBERS = {
     "straggler_factor": [math.nan, math.inf, -math.inf, 1.0, 0.5, -2.0, 1000.5, 1e300],
     "min_free_mib": [-1, (1 << 40) + 1, 10**30],
     "metrics_port": [-1, 65536, 10**30],
+    "debug_timeout": [math.nan, math.inf, -math.inf, 0.0, -1.0, 365 * 86400.0 + 1, 1e300],
 }
 GOOD_NUMBERS = {
     "grace": [0, 0.0, 5, 86400.0],
@@ -250,6 +251,7 @@ GOOD_NUMBERS = {
     "straggler_factor": [1.01, 1.5, 2, 1000.0],
     "min_free_mib": [0, 64, 1 << 40],
     "metrics_port": [0, 9400, 65535],
+    "debug_timeout": [0.001, 600, 365 * 86400.0],
 }
 
 

@@ -145,6 +145,7 @@ def test_local_writers_sees_processes_that_write_to_the_log_dir(tmp_path) -> Non
         _release(reader)
 
 
+@pytest.mark.e2e  # a real `agent logs --follow`, waiting out its own clocks
 def test_follow_of_a_job_that_died_here_ends(tmp_path) -> None:
     """ranks.json names this machine, nothing writes to the dir, no summary.json: it ends."""
     log_dir = _job(tmp_path / "job", HERE)
@@ -154,6 +155,7 @@ def test_follow_of_a_job_that_died_here_ends(tmp_path) -> None:
     assert "the job is over" in done.stderr and "Traceback" not in done.stderr
 
 
+@pytest.mark.e2e  # a real `agent logs --follow`, waiting out its own clocks
 def test_follow_idle_exit(tmp_path) -> None:
     log_dir = _job(tmp_path / "job", "n1")  # elsewhere: only the idle time can end it
     done = _run(str(log_dir), "--follow", "--interval", "0.05", "--idle-exit", "1", timeout=60)
@@ -161,6 +163,7 @@ def test_follow_idle_exit(tmp_path) -> None:
     assert "--idle-exit" in done.stderr and done.stdout.count("\n") == 2
 
 
+@pytest.mark.e2e  # a real `agent logs --follow`, waiting out its own clocks
 def test_follow_ends_when_the_local_writer_exits(tmp_path) -> None:
     """The job's agent runs here (seen holding its log), then dies without summary.json."""
     log_dir = _job(tmp_path / "job", "n1")

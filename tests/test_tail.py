@@ -343,6 +343,7 @@ def test_help_does_not_import_torch() -> None:
     assert "--follow" in done.stdout and "--timeout" in done.stdout
 
 
+@pytest.mark.e2e  # a real `agent logs --follow`, waiting out its own clocks
 def test_redirected_follow_partial_lines_and_job_end(tmp_path) -> None:
     """Piped: no colour; a partial line shows once its file stops growing; summary.json ends it."""
     log_dir = _job(tmp_path)
@@ -380,6 +381,7 @@ for i in range(10**6):
 """
 
 
+@pytest.mark.e2e  # a real `agent logs --follow`, waiting out its own clocks
 def test_follow_in_a_terminal(tmp_path) -> None:
     """Waits for a job that has not started, shows ranks 1 and 3 only, in colour, within 1 s."""
     log_dir = tmp_path / "job"  # does not exist yet
