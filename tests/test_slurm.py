@@ -180,3 +180,42 @@ def test_resident_agents_in_an_salloc(slurm, tmp_path):
         30,
         "no process of the job left",
     )
+
+
+def test_a_breakpoint_under_slurm_is_debugged_from_the_salloc_shell(slurm, tmp_path):
+    """`srun ... python -m agent job.py &` in an salloc shell; rank 1 (on the second node)
+    stops at breakpoint(); from the same shell `agent debug LOG_DIR` lists it, prints a local
+    and continues it; the job then ends 0 with the rank's last line in its file."""
+    job = str(REPO / "tests" / "fixtures" / "pause_job.py")
+    logs, py = tmp_path / "logs", sys.executable
+    session = tmp_path / "session.sh"
+    session.write_text(
+        f"srun --ntasks-per-node=1 {py} -m agent --nproc-per-node 1 --log-dir {logs} {job} "
+        f"> {tmp_path}/job.out 2> {tmp_path}/job.err &\n"
+        # Await the pause (bounded): the job's control.json, then rank 1 listed as paused.
+        f"for i in $(seq 900); do {py} -m agent debug {logs} --list 2>/dev/null "
+        "| grep -q '^rank 1 ' && break; sleep 0.2; done\n"
+        f"{py} -m agent debug {logs} --list; echo list=$?\n"
+        f"{py} -m agent debug {logs} --rank 1 -c 'p x'; echo p=$?\n"
+        f"{py} -m agent debug {logs} --rank 1 -c c; echo c=$?\n"
+        "wait; echo srun=$?\n"
+    )
+    env = slurm_env()
+    env.update({"AGENT_STATE_DIR": str(tmp_path / "state"), "AGENT_SECRET": "dbg-" + tmp_path.name})
+    proc = subprocess.run(
+        ["salloc", "-N2", "--immediate=60", "bash", str(session)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+        timeout=300,
+    )
+    out = proc.stdout
+    told = out + proc.stderr + (tmp_path / "job.err").read_text(errors="replace")
+    assert "list=0" in out and "p=0" in out and "c=0" in out and "srun=0" in out, told
+    listed = out.split("list=0")[0]
+    assert listed.strip().splitlines()[-1].startswith("rank 1 (n2): "), told
+    assert "pause_job.py:" in listed and "(breakpoint)" in listed, told
+    assert "42\n" in out.split("list=0")[1].split("p=0")[0], told
+    assert "after 42" in (logs / "rank-00001.out").read_text()
+    assert "rank 1 paused at pause_job.py:" in (tmp_path / "job.out").read_text() + told
