@@ -31,6 +31,16 @@ def _debug(cluster, *args: str) -> subprocess.CompletedProcess:
     )  # fmt: skip
 
 
+def _print_x_and_continue(terminal) -> None:
+    """In rank 1's pdb session: `p x` answers 42, `c` lets the rank go on, the client ends 0."""
+    terminal.expect("(Pdb) ")
+    terminal.type("p x\n")
+    assert "42" in terminal.expect("(Pdb) ").splitlines()[-2]
+    terminal.type("c\n")
+    terminal.expect("rank 1 left pdb")
+    assert terminal.close() == 0
+
+
 def _console(cluster) -> str:
     return "".join(a.stdout() + a.stderr() for a in cluster.agents)
 
@@ -114,12 +124,7 @@ def test_breakpoint_pauses_a_rank_for_a_pdb_session_in_the_terminal(cluster_fact
     assert detached.close() == 0
 
     terminal = Terminal.debug(cluster, "--rank", "1")
-    terminal.expect("(Pdb) ")
-    terminal.type("p x\n")
-    assert "42" in terminal.expect("(Pdb) ").splitlines()[-2]
-    terminal.type("c\n")
-    terminal.expect("rank 1 left pdb")
-    assert terminal.close() == 0
+    _print_x_and_continue(terminal)
     assert cluster.wait(60) == [0, 0], cluster.dump()
     assert "after 42" in cluster.rank_file(1).read_text()
     assert not job_processes(cluster.marker)
@@ -208,12 +213,7 @@ def test_resident_agents_warm_ranks_pause_and_post_mortem(tmp_path):
         assert listed.returncode == 0, listed.stderr
         assert f"rank 1 (127.0.0.2): {JOB}:{PAUSE_LINE} in <module> (breakpoint)" in listed.stdout
         terminal = Terminal(["debug", "--rank", "1"], serving.shell_env())
-        terminal.expect("(Pdb) ")
-        terminal.type("p x\n")
-        assert "42" in terminal.expect("(Pdb) ").splitlines()[-2]
-        terminal.type("c\n")
-        terminal.expect("rank 1 left pdb")
-        assert terminal.close() == 0
+        _print_x_and_continue(terminal)
         out, err = run.communicate(timeout=60)
         assert run.returncode == 0, err.decode() + serving.dump()
         shown = (out + err).decode()

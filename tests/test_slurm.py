@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from cluster import CHECK_ARGS, FIXTURE, REPO, job_processes, wait_for
@@ -157,16 +158,7 @@ def test_resident_agents_in_an_salloc(slurm, tmp_path):
         f"{py} -m agent down; echo rc3=$?\n"
         "wait; echo srun=$?; echo job=$SLURM_JOB_ID\n"
     )
-    env = slurm_env()
-    env.update({"AGENT_STATE_DIR": str(state), "AGENT_SECRET": "salloc-" + tmp_path.name})
-    proc = subprocess.run(
-        ["salloc", "-N2", "--immediate=60", "bash", str(session)],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        env=env,
-        timeout=300,
-    )
+    proc = _salloc_session(session, state)
     out = proc.stdout
     serve_err = (tmp_path / "serve.err").read_text(errors="replace")
     assert "rc1=0" in out and "rc2=0" in out and "rc3=0" in out, out + proc.stderr + serve_err
@@ -200,16 +192,7 @@ def test_a_breakpoint_under_slurm_is_debugged_from_the_salloc_shell(slurm, tmp_p
         f"{py} -m agent debug {logs} --rank 1 -c c; echo c=$?\n"
         "wait; echo srun=$?\n"
     )
-    env = slurm_env()
-    env.update({"AGENT_STATE_DIR": str(tmp_path / "state"), "AGENT_SECRET": "dbg-" + tmp_path.name})
-    proc = subprocess.run(
-        ["salloc", "-N2", "--immediate=60", "bash", str(session)],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        env=env,
-        timeout=300,
-    )
+    proc = _salloc_session(session, tmp_path / "state")
     out = proc.stdout
     told = out + proc.stderr + (tmp_path / "job.err").read_text(errors="replace")
     assert "list=0" in out and "p=0" in out and "c=0" in out and "srun=0" in out, told
@@ -219,3 +202,18 @@ def test_a_breakpoint_under_slurm_is_debugged_from_the_salloc_shell(slurm, tmp_p
     assert "42\n" in out.split("list=0")[1].split("p=0")[0], told
     assert "after 42" in (logs / "rank-00001.out").read_text()
     assert "rank 1 paused at pause_job.py:" in (tmp_path / "job.out").read_text() + told
+
+
+def _salloc_session(session: Path, state: Path) -> subprocess.CompletedProcess:
+    """`salloc -N2 bash SESSION` from SESSION's directory, the agents' state dir and secret
+    the session's own (its commands and the agents it starts find each other by them)."""
+    env = slurm_env()
+    env.update({"AGENT_STATE_DIR": str(state), "AGENT_SECRET": "salloc-" + session.parent.name})
+    return subprocess.run(
+        ["salloc", "-N2", "--immediate=60", "bash", str(session)],
+        capture_output=True,
+        text=True,
+        cwd=session.parent,
+        env=env,
+        timeout=300,
+    )
