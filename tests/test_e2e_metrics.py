@@ -90,7 +90,8 @@ def test_metrics_during_a_job_and_metrics_prom_at_its_end(cluster_factory):
     phases = end["launch_agent_attempt_phase_seconds"]
     first = phases[(("attempt", "0"), ("phase", "first_progress"))]
     assert 0 <= first < 30
-    assert 0 <= phases[(("attempt", "0"), ("phase", "teardown"))] < 30
+    assert 0 <= phases[(("attempt", "0"), ("phase", "exit_skew"))] < 30  # a clean finish
+    assert (("attempt", "0"), ("phase", "teardown")) not in phases  # has no teardown
     assert end["launch_agent_straggler_episodes_total"][()] >= 1
     picture = cluster.tmp / "job.svg"
     drawn = subprocess.run(
@@ -140,7 +141,9 @@ def test_metrics_prom_counts_a_restart(cluster_factory):
     assert end["launch_agent_restarts_total"][()] == 1
     assert end["launch_agent_exit_code"][()] == 0
     phases = end["launch_agent_attempt_phase_seconds"]
-    for attempt in ("0", "1"):
-        for phase in ("rendezvous", "teardown"):
-            assert 0 <= phases[(("attempt", attempt), ("phase", phase))] < 30, phases
+    # attempt 0 failed: torn down from its root cause; attempt 1 finished: its ranks' exit skew
+    for attempt, phase in (("0", "rendezvous"), ("0", "teardown"), ("1", "rendezvous"),
+                           ("1", "exit_skew")):  # fmt: skip
+        assert 0 <= phases[(("attempt", attempt), ("phase", phase))] < 30, phases
+    assert (("attempt", "1"), ("phase", "teardown")) not in phases
     assert "launch_agent_node_seconds_since_progress" not in end  # no --progress-regex

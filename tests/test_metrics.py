@@ -67,10 +67,31 @@ def test_step_times(case, medians, quantiles, per_rank):
         (AttemptTimes(0, 10.0, 12.5), {"rendezvous": 2.5}),
         (AttemptTimes(0, 10.0, 12.5, 14.0, 20.0, 21.0), {"rendezvous": 2.5, "first_progress": 1.5, "teardown": 1.0}),
         (AttemptTimes(0, 10.0, 12.5, None, 20.0, 19.0), {"rendezvous": 2.5, "teardown": 0.0}),
+        (AttemptTimes(0, 10.0, 12.5, None, None, 30.0, 14.0, 29.5), {"rendezvous": 2.5, "exit_skew": 15.5}),
     ],
 )  # fmt: skip
 def test_attempt_phases(times, phases):
     assert dict(times.phases()) == pytest.approx(phases)
+
+
+@pytest.mark.parametrize(
+    ("cause", "exits", "phases"),
+    [
+        (None, [5000.0, 5004.0, 5007.5], {"exit_skew": 7.5}),  # a clean finish: no teardown
+        (5006.0, [5000.0, 5007.5], {"teardown": 2.0}),  # from the root cause, not a rank's exit
+        (None, [], {}),
+    ],
+)  # fmt: skip
+def test_a_teardown_runs_from_the_root_cause_and_a_clean_finish_has_an_exit_skew(
+    cause, exits, phases
+):
+    clock = Clock()
+    metrics = RunMetrics("j", 0, clock=clock, wall=lambda: clock.now + 4000.0)
+    metrics.attempt_started(0)
+    clock.now += 8.0  # the verdict: every result in at wall 5008
+    metrics.attempt_ended(0, cause, exits)
+    got = {k: v for k, v in metrics.state.attempts[0].phases() if k != "rendezvous"}
+    assert got == pytest.approx(phases)
 
 
 def _run(clock: Clock, nodes: int = 2, per_node: int = 2, lost=()) -> RunMetrics:
@@ -83,7 +104,7 @@ def _run(clock: Clock, nodes: int = 2, per_node: int = 2, lost=()) -> RunMetrics
     clock.now += 2.0
     metrics.ranks_started(0, nodes * per_node)
     clock.now += 3.0
-    metrics.attempt_ended(0, [None, clock.now + 5000.0 - 1.0])  # a rank exited 1 s ago
+    metrics.attempt_ended(0, clock.now + 5000.0 - 1.0, [clock.now + 5000.0 - 0.5])  # failed 1 s ago
     metrics.attempt_started(1)
     clock.now += 1.0
     metrics.lined_up(Roster(tuple(range(nodes)), (), (Exclusion(nodes, "x", "lost", 1),)), hosts)
@@ -136,7 +157,7 @@ def test_the_run_as_prometheus_sees_it():
     assert got["launch_agent_straggler_slowdown"] == {(("node", "1"),): 2.0}
     assert len(got["launch_agent_rank_step_seconds"]) == 4
     assert "launch_agent_exit_code" not in got  # still running
-    metrics.attempt_ended(1, [])
+    metrics.attempt_ended(1, None, [])
     metrics.finished(0)
     clock.now += 100.0  # after the end, ages stay those at the attempt's end
     got = samples(Exposition(metrics, clock).render().decode())
@@ -173,7 +194,7 @@ def test_pace_watch_feeds_the_recorder_and_the_live_table():
     from agent.node.scope import Scope
     from agent.node.store import Endpoint, Store
     from agent.node.trust import JobKeys
-    from agent.run.pace import PaceWatch
+    from agent.run.pace import PaceJudge, PaceWatch
 
     store = Store(LocalStore(), Endpoint("127.0.0.1", 1), "t/")
     keys = JobKeys.derive(b"metrics-test", "job", "0")
@@ -185,18 +206,19 @@ def test_pace_watch_feeds_the_recorder_and_the_live_table():
     looks: list[JobPace] = []
     clocks = [{0: StepClock(), 1: StepClock()}, {2: StepClock(), 3: StepClock()}]
     watches = [
-        PaceWatch(Scope(store, "r0/a0", node, keys), lambda node=node: clocks[node], agents=[0, 1],
-                  agent=node, node_rank=node, host=f"h{node}", factor=1.5, leader=node == 0,
-                  attempt=0, metrics=metrics if node == 0 else None,
-                  on_look=looks.append if node == 0 else None)
+        PaceWatch(Scope(store, "r0/a0", node, keys), lambda node=node: clocks[node],
+                  agent=node, node_rank=node, host=f"h{node}")
         for node in (0, 1)
     ]  # fmt: skip
+    judge = PaceJudge(Scope(store, "r0/a0", 0, keys), agents=[0, 1], factor=1.5, attempt=0,
+                      metrics=metrics, on_look=looks.append)  # fmt: skip
     for node, seconds in ((0, 0.2), (1, 0.4)):
         for c in clocks[node].values():
             for n in range(6):
                 c.tick(n, 990.0 + n * seconds)  # node 0's last line at 991.0, node 1's at 992.0
     watches[1].tick(1000.0)
     watches[0].tick(1000.0)
+    judge.tick(1000.0)
     state = metrics.state
     assert state.progress == pytest.approx((991.0, 992.0))  # now less each record's age
     assert state.steps is not None and state.steps.count == 4
@@ -205,6 +227,7 @@ def test_pace_watch_feeds_the_recorder_and_the_live_table():
     assert looks[-1] == JobPace(pytest.approx(0.2), 5, frozenset({1}), frozenset())
     watches[1].tick(1001.0)  # nothing new from node 1: its last progress stays
     watches[0].tick(1001.0)
+    judge.tick(1001.0)
     assert metrics.state.progress[1] == pytest.approx(992.0)
 
 

@@ -261,14 +261,19 @@ def test_a_node_with_a_paused_rank_is_not_quiet():
     store = Store(LocalStore(), Endpoint("127.0.0.1", 1), "t/")
     scope = Scope(store, "r0/a0", 0, JobKeys.derive(b"hang-test", "job", "0"))
     paused = [True]
-    watch = HangWatch(
-        scope, StackDesk(scope, [0], "h0", list), timeout=5, leader=True, log_dir="/nonexistent",
-        attempt=0, node_rank=0, host="h0", paused=lambda: paused[0],
-    )  # fmt: skip
-    assert watch.tick(3600) is None
+    clock = [100.0]
+    watch = HangWatch(scope, agent=0, node_rank=0, host="h0", timeout=5,
+                      paused=lambda: paused[0], clock=lambda: clock[0])  # fmt: skip
+    watch.started([0])
+    watch.tick(3600)
+    assert not watch.quiet
     paused[0] = False  # it just went on: the clock starts now, not at its last output
-    assert watch.tick(3600) is None
-    assert store.add(scope.key("quiet"), 0) == 0
+    clock[0] += 1.0
+    watch.tick(3600)
+    assert not watch.quiet and scope.get_if("standing/0", "standing")["quiet"] is False
+    clock[0] += 5.0  # --hang-timeout after it went on, silent since
+    watch.tick(3600)
+    assert watch.quiet and scope.get_if("standing/0", "standing")["quiet"] is True
 
 
 def test_the_live_table_shows_a_paused_rank_as_paused():

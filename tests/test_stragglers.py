@@ -179,12 +179,13 @@ def test_options_defaults():
 
 
 def _pace_pair(factor: float = 1.5):
-    """Node 0 and node 1's PaceWatch over one in-process store, each with its own clocks."""
+    """Node 0 and node 1's PaceWatch and node 0's PaceJudge over one in-process store, each
+    node with its own clocks."""
     from agent.node.local_store import LocalStore
     from agent.node.scope import Scope
     from agent.node.store import Endpoint, Store
     from agent.node.trust import JobKeys
-    from agent.run.pace import PaceWatch
+    from agent.run.pace import PaceJudge, PaceWatch
 
     store = Store(LocalStore(), Endpoint("127.0.0.1", 1), "t/")
     keys = JobKeys.derive(b"pace-test", "job", "0")
@@ -193,17 +194,14 @@ def _pace_pair(factor: float = 1.5):
         PaceWatch(
             Scope(store, "r0/a0", node, keys),
             lambda node=node: clocks[node],
-            agents=[0, 1],
             agent=node,
             node_rank=node,
             host=f"h{node}",
-            factor=factor,
-            leader=node == 0,
-            attempt=0,
         )
         for node in (0, 1)
     ]
-    return watches, clocks
+    judge = PaceJudge(Scope(store, "r0/a0", 0, keys), agents=[0, 1], factor=factor, attempt=0)
+    return watches, judge, clocks
 
 
 def _step(clocks, node: int, seconds: float, steps: int, start: float) -> None:
@@ -213,13 +211,14 @@ def _step(clocks, node: int, seconds: float, steps: int, start: float) -> None:
 
 
 def test_pace_watch_names_a_slow_node_once_and_its_end(caplog):
-    watches, clocks = _pace_pair()
+    watches, judge, clocks = _pace_pair()
     _step(clocks, 0, 0.2, 6, 0.0)
     _step(clocks, 1, 0.4, 6, 0.0)
     caplog.set_level("WARNING", logger="agent")
-    for now in (10.0, 10.5, 11.0):  # node 1 posts first, then node 0 posts and judges
+    for now in (10.0, 10.5, 11.0):  # node 1 posts first, then node 0 posts; node 0 judges
         watches[1].tick(now)
         watches[0].tick(now)
+        judge.tick(now)
     said = [r.getMessage() for r in caplog.records]
     assert said == [
         "straggler: node 1 (h1) steps in 0.4 s, the job's median is 0.2 s (2x) at step 5"
@@ -229,17 +228,39 @@ def test_pace_watch_names_a_slow_node_once_and_its_end(caplog):
             clock.tick(n, 2.0 + (n - 5) * 0.2)
     watches[1].tick(12.0)
     watches[0].tick(12.0)
+    judge.tick(12.0)
     said = [r.getMessage() for r in caplog.records]
     assert said[1:] == ["straggler no more: node 1 (h1) keeps the job's pace again"]
-    (episode,) = watches[0].close()
+    (episode,) = judge.close()
     assert (episode["node_rank"], episode["rank"], episode["attempt"]) == (1, None, 0)
     assert episode["median"] == pytest.approx(0.4) and episode["job_median"] == pytest.approx(0.2)
     assert episode["until"] >= episode["since"]
-    assert watches[1].close() == []  # only node 0 judges
+
+
+@pytest.mark.parametrize(
+    ("ended", "still_straggling"),
+    [
+        ((), True),  # every rank runs: node 1 is slow
+        ((0, 1), True),  # node 0's ranks are done: node 1 is still slower than the job's pace
+        ((2, 3), False),  # node 1's ranks are done: its episode ends with them
+        ((2,), True),  # one of node 1's ranks is done: the other still straggles
+    ],
+)
+def test_a_straggler_episode_lasts_until_its_ranks_keep_pace_or_end(ended, still_straggling):
+    watches, judge, clocks = _pace_pair()
+    _step(clocks, 0, 0.2, 6, 0.0)
+    _step(clocks, 1, 0.4, 6, 0.0)
+    for watch in watches:
+        watch.tick(10.0)
+    judge.tick(10.0)
+    assert [s.node_rank for s in judge.active] == [1]
+    judge.tick(11.0, live=lambda rank: rank not in ended)  # the nodes' standings say who runs
+    assert bool(judge.active) is still_straggling
+    assert ("until" in judge.episodes[0]) is not still_straggling
 
 
 def test_pace_watch_posts_only_when_a_rank_stepped():
-    watches, clocks = _pace_pair()
+    watches, _, clocks = _pace_pair()
     scope = watches[1].scope
     watches[1].tick(1.0)
     assert scope.get_if("pace/1", "pace") is None  # no steps yet: nothing posted

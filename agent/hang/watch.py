@@ -1,90 +1,94 @@
-"""--hang-timeout: the job hangs when no rank on any node made progress for T seconds.
+"""This node's share of the job's hang and exit judging: its standing (agent.hang.standing).
 
-Each agent tells only its changes of state: it adds 1 to the attempt's `quiet` counter when its
-own ranks have been quiet for T, and takes it back if they speak again. Node 0 reads that one
-counter on its own ticks; when every agent is quiet it has every node dump its ranks' stacks,
-writes them to stacks-a<attempt>.txt, and returns the failure record that tears the job down
-(the hang is its root cause; the lone rank whose stack differs is named first).
-A node with a rank paused in pdb (agent.pause) is not quiet, nor for T seconds after it resumes.
+The supervisor tells it when the node's ranks started and when each exits, and, once a tick,
+how long the live ones have been quiet. It seals a new standing under the attempt's
+`standing/<agent>` when something changed, and while the node is quiet every QUIET_REPOST
+seconds (node 0 confirms a hang only on fresh records), then bumps `standing-seq` — a counter
+that only wakes node 0's coordinator, who reads the sealed records and decides.
+Quiet means: every live rank silent for --hang-timeout, and no rank of this node paused in pdb
+(agent.pause) now or in the last --hang-timeout seconds. A node without --hang-timeout is never
+quiet; its standing still says which ranks ended (exit skew, a hang's root cause).
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterable
 
-from agent.hang.desk import StackDesk
+from agent.hang.standing import QUIET_REPOST, RankEnd, Standing
 from agent.node.scope import Scope
 
 log = logging.getLogger("agent")
-STACKS_IN_RECORD = 32 << 10  # characters of the collated stacks kept in the failure record
+WAKE = "standing-seq"  # the counter that wakes node 0's coordinator: never read as a decision
+
+
+def standing_name(agent: int) -> str:
+    return f"standing/{agent}"
 
 
 class HangWatch:
     def __init__(
         self,
-        scope: Scope,
-        desk: StackDesk,
+        scope: Scope,  # the attempt's
         *,
-        timeout: float,
-        leader: bool,
-        log_dir: str,
-        attempt: int,
+        agent: int,
         node_rank: int,
         host: str,
+        timeout: float,  # --hang-timeout (0: never quiet)
         paused: Callable[[], bool] = lambda: False,  # a rank of this node stopped in pdb
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.scope, self.desk, self.timeout, self.leader = scope, desk, timeout, leader
-        self.log_dir, self.attempt, self.node_rank, self.host = log_dir, attempt, node_rank, host
+        self.scope, self.agent, self.node_rank, self.host = scope, agent, node_rank, host
+        self.timeout, self.paused, self.clock = timeout, paused, clock
         self.quiet = False
-        self.fired = False
-        self.paused = paused
+        self._live: list[int] = []
+        self._ended: list[RankEnd] = []
+        self._seq = 0
+        self._posted_at = float("-inf")
         self._paused_at: float | None = None  # when a rank of this node was last seen paused
 
-    def tick(self, quiet_for: float) -> dict[str, Any] | None:
-        """This node's ranks have been quiet for `quiet_for` s; a failure record if the job hangs."""
-        if self.timeout <= 0 or self.fired:
-            return None
-        now = time.monotonic()
+    def started(self, ranks: Iterable[int]) -> None:
+        self._live = sorted(ranks)
+        self._post()
+
+    def exited(self, rank: int, returncode: int, when: float) -> None:
+        if rank in self._live:
+            self._live.remove(rank)
+            self._ended.append(RankEnd(rank, returncode, when))
+            self.quiet = self.quiet and bool(self._live)
+            self._post()
+
+    def tick(self, quiet_for: float) -> None:
+        """This node's live ranks have printed nothing for `quiet_for` seconds."""
+        if self.timeout <= 0 or not self._live:
+            return
+        now = self.clock()
         if self.paused():  # a paused rank is not a hang, nor are the ranks that wait for it
             self._paused_at = now
         if self._paused_at is not None:
             quiet_for = min(quiet_for, now - self._paused_at)
         quiet = quiet_for >= self.timeout
-        counter = self.scope.key("quiet")
-        if quiet != self.quiet:
-            self.scope.store.add(counter, 1 if quiet else -1)
+        if quiet != self.quiet or (quiet and now - self._posted_at >= QUIET_REPOST):
             self.quiet = quiet
-        if not (self.leader and quiet) or self.scope.store.add(counter, 0) < len(self.desk.nodes):
-            return None
-        self.fired = True
-        return self._hang()
+            self._post()
 
-    def _hang(self) -> dict[str, Any]:
-        from agent.hang.collate import collate, headline, render
+    def standing(self) -> Standing:
+        return Standing(
+            self.agent,
+            self.node_rank,
+            self.host,
+            self._seq,
+            tuple(self._live),
+            tuple(self._ended),
+            self.quiet,
+        )
 
-        log.error("no rank made progress for %g s: capturing every rank's stack", self.timeout)
-        groups = collate(self.desk.ask(native=False))
-        text = render(groups)
-        path = os.path.join(self.log_dir, f"stacks-a{self.attempt}.txt")
+    def _post(self) -> None:
+        self._seq += 1
+        self._posted_at = self.clock()
         try:
-            with open(path, "w", encoding="utf-8") as f:
-                f.write(text)
-        except OSError as exc:
-            log.error("cannot write %s: %s", path, exc.strerror or exc)
-            path = ""
-        how = f"hang: no progress for {self.timeout:g} s; {headline(groups)}"
-        record = {
-            "kind": "hang",
-            "node_rank": self.node_rank,
-            "host": self.host,
-            "how": how,
-            "time": time.time(),
-            "stacks": text[:STACKS_IN_RECORD],
-        }
-        if path:
-            record["stacks_file"] = path
-        return record
+            self.scope.put(standing_name(self.agent), self.standing().to_json())
+            self.scope.store.add(self.scope.key(WAKE), 1)
+        except Exception as exc:  # a store in trouble is the watchers' to report, not ours
+            log.debug("standing: %s", exc)

@@ -31,10 +31,15 @@ def job_families(state: RunState, lost: int) -> Iterator[Metric]:
     info.add_metric([state.job, str(state.run)], {})
     yield info
     yield GaugeMetricFamily(
-        PREFIX + "ranks_running", "ranks the running attempt started (0 between attempts)",
+        PREFIX + "ranks_running", "ranks of the running attempt still running, on every node (0 between attempts)",
         value=state.ranks_running,
     )  # fmt: skip
     yield CounterMetricFamily(PREFIX + "attempts", "attempts started", value=state.started)
+    yield CounterMetricFamily(
+        PREFIX + "exit_skew_warnings",
+        "times ranks that exited 0 waited --hang-warning for others still running",
+        value=state.skew_warnings,
+    )
     yield CounterMetricFamily(
         PREFIX + "restarts", "restarts of the whole world", value=state.restarts
     )
@@ -42,7 +47,8 @@ def job_families(state: RunState, lost: int) -> Iterator[Metric]:
         PREFIX + "attempt_phase_seconds",
         "per attempt (the last few): rendezvous = its roll call and the spawn of node 0's ranks; "
         "first_progress = spawn to the first progress line (to within a second); teardown = its "
-        "first failure or rank exit to every node's result",
+        "root cause (a failure, a stop signal) to every node's result; exit_skew = a clean "
+        "finish's first rank exit to its last",
         labels=["attempt", "phase"],
     )
     for times in state.attempts:

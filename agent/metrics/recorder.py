@@ -109,13 +109,40 @@ class RunMetrics:
 
         self._update(change)
 
-    def attempt_ended(self, attempt: int, moments: Sequence[float | None]) -> None:
-        """Every node's result is in. `moments`: wall times the attempt began to end (its root
-        cause, node 0's rank exits); the earliest starts its teardown."""
+    def ranks_left(self, attempt: int, ranks: int) -> None:
+        """Node 0's coordinator read every node's standing: `ranks` of the attempt still run."""
+        self._update(
+            lambda s: (
+                replace(s, ranks_running=ranks)
+                if s.current is not None and s.current.attempt == attempt
+                else s
+            )
+        )
+
+    def exit_skew_said(self, attempt: int) -> None:
+        """Ranks that exited 0 have waited --hang-warning for the others (said once)."""
+        self._update(lambda s: replace(s, skew_warnings=s.skew_warnings + 1))
+
+    def attempt_ended(
+        self, attempt: int, cause: float | None, exits: Sequence[float | None]
+    ) -> None:
+        """Every node's result is in. `cause`: the wall time of the attempt's root cause (a
+        failure, a stop signal; None: a clean finish); `exits`: every rank's exit (wall). A
+        teardown runs from the cause; a clean finish's ranks exit over its exit skew."""
         now, wall = self.clock(), self.wall()
-        known = [m for m in moments if isinstance(m, (int, float)) and m > 0]
-        began = now - max(0.0, wall - min(known)) if known else now
-        change = self._attempt(attempt, teardown_from=began, ended=now)
+
+        def at(moment: float) -> float:  # a wall time on the monotonic clock
+            return now - max(0.0, wall - moment)
+
+        ends = [e for e in exits if isinstance(e, (int, float)) and e > 0]
+        if isinstance(cause, (int, float)) and cause > 0:
+            change = self._attempt(attempt, teardown_from=at(cause), ended=now)
+        elif ends:
+            change = self._attempt(
+                attempt, first_exit=at(min(ends)), last_exit=at(max(ends)), ended=now
+            )
+        else:
+            change = self._attempt(attempt, ended=now)
         self._update(lambda s: replace(change(s), ranks_running=0))
 
     def finished(self, code: int) -> None:

@@ -23,16 +23,20 @@ class AttemptTimes:
     start: float  # its roll call began
     ranks_started: float | None = None  # node 0's ranks were spawned
     first_progress: float | None = None  # the first progress line anywhere (within a second)
-    teardown_from: float | None = None  # the first failure or rank exit
+    teardown_from: float | None = None  # the first failure or stop signal (the root cause)
     ended: float | None = None  # every node's result in: the verdict
+    first_exit: float | None = None  # a clean finish: the first rank's exit 0 ...
+    last_exit: float | None = None  # ... and the last rank's exit
 
     def phases(self) -> tuple[tuple[str, float], ...]:
         """rendezvous (roll call + spawn), first_progress (spawn → first progress line),
-        teardown (first failure or exit → every node's result): those reached."""
+        teardown (the root cause → every node's result), or on a clean finish exit_skew (the
+        first rank's exit → the last one's): those reached."""
         spans = (
             ("rendezvous", self.start, self.ranks_started),
             ("first_progress", self.ranks_started, self.first_progress),
             ("teardown", self.teardown_from, self.ended),
+            ("exit_skew", self.first_exit, self.last_exit),
         )
         return tuple(
             (name, max(0.0, b - a)) for name, a, b in spans if a is not None and b is not None
@@ -92,6 +96,7 @@ class RunState:
     steps: StepTimes | None = None
     stragglers: tuple[Straggling, ...] = ()
     episodes: int = 0  # straggler episodes begun in this run
+    skew_warnings: int = 0  # exit-skew lines said in this run (agent.run.coordinator)
     exit_code: int | None = None
 
     @property

@@ -1,12 +1,14 @@
 """This node's share of one attempt: its ranks started (forked warm where it can), supervised
-until the attempt ends anywhere, and what they left behind cleaned up."""
+until the attempt ends anywhere, and what they left behind cleaned up. On node 0 the attempt's
+desks are handed to the job's coordinator (agent.run.coordinator), which serves them until the
+verdict, whatever this node's own ranks do."""
 
 from __future__ import annotations
 
 import contextlib
 import logging
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 
 from agent.console.view import ConsoleView
 from agent.hang.desk import StackDesk
@@ -21,13 +23,13 @@ from agent.pause.desk import PauseDesk
 from agent.pause.paused import console_line
 from agent.plan.rank_set import format_ranges
 from agent.plan.roster import Roster, seated
-from agent.plan.run_plan import RunPlan, seat_specs
+from agent.plan.run_plan import seat_specs
 from agent.run import workers
+from agent.run.coordinator import Coordinator
 from agent.run.pace import PaceWatch
 from agent.run.prepare import Prepared
 from agent.run.supervisor import Outcome, Supervisor
 from agent.run.tools import RunTools
-from agent.world import World
 from agent.world.proctrack import slurm_signals_ranks
 
 log = logging.getLogger("agent")
@@ -46,14 +48,12 @@ class NodeAttempt:
         scope: Scope,  # the attempt's keys (r<run>/a<attempt>)
         environ: Mapping[str, str],  # the ranks' base env
         metrics: RunMetrics,  # node 0's numbers of the run (silent elsewhere)
+        coordinator: Coordinator | None = None,  # node 0: the job's services for the attempt
     ) -> None:
         assert stage.attempt is not None, "an attempt's stage names it"
         self.seat, self.tools, self.stage, self.number = seat, tools, stage, stage.attempt
         self.prepared, self.scope, self.environ = prepared, scope, environ
-        self.metrics = metrics
-        self.desk: StackDesk | None = None  # where `agent stacks` reaches our ranks
-        self.pauses: PauseDesk | None = None  # where `agent debug` reaches our paused ranks
-        self.running = False  # ranks may be up: the desk answers
+        self.metrics, self.coordinator = metrics, coordinator
 
     def run(self, port: int, roster: Roster) -> Outcome:
         """Start this node's ranks, supervise them until the attempt ends anywhere, clean up."""
@@ -97,11 +97,20 @@ class NodeAttempt:
             report=lambda record: seat.report(scope, record),
             grace=plan.options.grace,
             hang_warning=plan.options.hang_warning,
-            hang=_hang_watch(plan, scope, desk, attempt, world, pauses),
+            hang=HangWatch(
+                scope,
+                agent=seat.world.agent_index,  # a seated world's index is its node rank
+                node_rank=world.node_rank,
+                host=world.host,
+                timeout=plan.options.hang_timeout,
+                paused=pauses.paused,
+            ),
             slurm_signals_ranks=slurm_signals_ranks(self.environ),
             paused=pauses.paused_ranks,
         )
-        self.desk, self.pauses, self.running = desk, pauses, True
+        if self.coordinator is not None:
+            on_look = console.pace_seen if console.live is not None else None
+            self.coordinator.begin(desk, pauses, on_look)
         scope.watch(
             seat.stop,
             lambda record: seat.events.put(AbortSeen(stage, record)),
@@ -110,8 +119,14 @@ class NodeAttempt:
         early = scope.failure()  # someone failed before our watcher started
         if early is not None:
             seat.events.put(AbortSeen(stage, early))
-        pace = _pace_watch(plan, scope, console, attempt, world, roster.nodes, self.metrics)
-        sup.pace = pace
+        if plan.options.progress_regex is not None:
+            sup.pace = PaceWatch(
+                scope,
+                console.router.clocks,
+                agent=seat.world.agent_index,  # a seated world's index is its node rank
+                node_rank=world.node_rank,
+                host=world.host,
+            )
         warm = None if plan.options.cold else tools.warm_enabled
 
         # Waited for here, where a stop signal still interrupts (not in the supervisor's start).
@@ -144,16 +159,11 @@ class NodeAttempt:
             with seat.signals.queued():
                 outcome = sup.run(start)
         finally:
-            self.running = False
-            pauses.close()
+            pauses.close()  # this node's paused ranks are gone; node 0 still relays for others
             _forget_dumps(sup)
-            if seat.leader:
-                desk.end()
             console.close()
         outcome.warnings += console.router.losses()
         outcome.progressed = console.router.progressed()
-        if pace is not None and pace.leader:
-            outcome.stragglers = pace.close()
         keep = tools.warm.pids() if tools.warm is not None else ()
         escaped = workers.reap_escaped(min(plan.options.grace, 5.0), keep)
         if escaped:
@@ -163,50 +173,6 @@ class NodeAttempt:
             )
             log.warning("%s", outcome.warnings[-1])
         return outcome
-
-
-def _hang_watch(
-    plan: RunPlan, scope: Scope, desk: StackDesk, attempt: int, w: World, pauses: PauseDesk
-) -> HangWatch | None:
-    if plan.options.hang_timeout <= 0:
-        return None
-    return HangWatch(
-        scope,
-        desk,
-        timeout=plan.options.hang_timeout,
-        leader=w.agent_index == 0,
-        log_dir=plan.log_dir,
-        attempt=attempt,
-        node_rank=w.node_rank,
-        host=w.host,
-        paused=pauses.paused,
-    )
-
-
-def _pace_watch(
-    plan: RunPlan,
-    scope: Scope,
-    console: ConsoleView,
-    attempt: int,
-    w: World,
-    agents: Sequence[int],
-    metrics: RunMetrics,
-) -> PaceWatch | None:
-    if plan.options.progress_regex is None:
-        return None
-    return PaceWatch(
-        scope,
-        console.router.clocks,
-        agents=list(agents),
-        agent=w.agent_index,
-        node_rank=w.node_rank,
-        host=w.host,
-        factor=plan.options.straggler_factor,
-        leader=w.agent_index == 0,
-        attempt=attempt,
-        metrics=metrics,
-        on_look=console.pace_seen if console.live is not None else None,
-    )
 
 
 def _live(sup: Supervisor) -> list[tuple[int, int]]:

@@ -27,6 +27,7 @@ from agent.plan.roster import Exclusion, Roster, Shortfall
 from agent.run import outputs
 from agent.run.attempt import NodeAttempt
 from agent.run.bounded_wait import await_verdict, results_with_own
+from agent.run.coordinator import Coordination, Coordinator
 from agent.run.lineup import Lineup, seating
 from agent.run.prepare import Prepared, replanned
 from agent.run.roll_call import RollCall
@@ -62,20 +63,21 @@ class Run:
         self.environ = {**seat.environ, **(prepared.plan.env or {})}  # a client's, over the node's
         self.seatings: list[dict[str, Any]] = []  # node 0: ranks.json
         self.attempt: NodeAttempt | None = None  # this node's share of the running attempt
+        self.coordinator: Coordinator | None = None  # node 0: the attempt's job services
         # Out for the rest of the job: nodes excluded in earlier runs (resident).
         self._excluded = {e.agent: e.why for e in roster.excluded} if roster else {}
 
     @property
     def desk(self) -> StackDesk | None:
-        """The running attempt's stacks desk (None between attempts and on a spare)."""
-        attempt = self.attempt
-        return attempt.desk if attempt is not None and attempt.running else None
+        """Node 0: the attempt's stacks desk, from its lineup to its verdict (None between)."""
+        coordinator = self.coordinator
+        return coordinator.desk if coordinator is not None and coordinator.serving else None
 
     @property
     def pauses(self) -> PauseDesk | None:
-        """The running attempt's paused ranks (None between attempts and on a spare)."""
-        attempt = self.attempt
-        return attempt.pauses if attempt is not None and attempt.running else None
+        """Node 0: the attempt's paused ranks, from its lineup to its verdict (None between)."""
+        coordinator = self.coordinator
+        return coordinator.pauses if coordinator is not None and coordinator.serving else None
 
     def lost(self) -> dict[int, str]:
         """Node 0: agents out of the job → why (excluded earlier, or lost)."""
@@ -124,24 +126,35 @@ class Run:
             else:
                 active = {agent: rank for rank, agent in enumerate(roster.nodes)}
                 seat.enter(scope, active)
-                self.attempt = NodeAttempt(
-                    seat,
-                    self.tools,
-                    self.stage.at(attempt),
-                    prepared,
-                    scope,
-                    self.environ,
-                    self.metrics,
+                coordinator = (
+                    self._coordinator(prepared, scope, attempt, roster) if leader else None
                 )
-                outcome = self.attempt.run(lineup.port, roster)
-                if outcome.store_lost:
-                    log.error("%s", outcome.store_lost)
-                    return _signal_code(outcome) or int(ExitCode.RENDEZVOUS)
-                scope.put(f"result/{me}", _result(outcome))
-                if leader:
-                    decision = self._decide(prepared, scope, attempt, roster, history, outcome)
-                else:
-                    decision = await_verdict(scope, seat.events, f"result/{me}")
+                self.coordinator = coordinator
+                try:
+                    self.attempt = NodeAttempt(
+                        seat,
+                        self.tools,
+                        self.stage.at(attempt),
+                        prepared,
+                        scope,
+                        self.environ,
+                        self.metrics,
+                        coordinator,
+                    )
+                    outcome = self.attempt.run(lineup.port, roster)
+                    if outcome.store_lost:
+                        log.error("%s", outcome.store_lost)
+                        return _signal_code(outcome) or int(ExitCode.RENDEZVOUS)
+                    scope.put(f"result/{me}", _result(outcome))
+                    if coordinator is not None:
+                        decision = self._decide(
+                            prepared, scope, attempt, roster, history, outcome, coordinator
+                        )
+                    else:
+                        decision = await_verdict(scope, seat.events, f"result/{me}")
+                finally:
+                    if coordinator is not None:
+                        coordinator.close()
             if decision.get("restart") and (outcome is None or outcome.signum is None):
                 attempt += 1
                 continue
@@ -156,10 +169,13 @@ class Run:
         roster: Roster,
         history: list[dict[str, Any]],
         outcome: Outcome,
+        coordinator: Coordinator,
     ) -> dict[str, Any]:
         """Node 0: judge the attempt, tell everyone, write the summary when it is the last."""
         options = prepared.plan.options
-        verdict, progressed = self._judge(scope, attempt, roster, options, _result(outcome))
+        verdict, progressed, done = self._judge(
+            scope, attempt, roster, options, _result(outcome), coordinator
+        )
         if options.progress_regex is not None and not options.restart_without_progress:
             before = [bool(a.get("progressed")) for a in history]
             verdict = guard_loop(verdict, [*before, progressed])
@@ -168,12 +184,13 @@ class Run:
                 **verdict.record,
                 **_seated_record(self.seatings, attempt),
                 "progressed": progressed,
-                "stragglers": outcome.stragglers,
+                "stragglers": done.stragglers,
+                **({"exit_skew": done.exit_skew} if done.exit_skew else {}),
             }
         )
         decision = {"restart": verdict.restart, "code": verdict.code}
-        ended = [(verdict.root_cause or {}).get("time"), *(e.end for e in outcome.exits)]
-        self.metrics.attempt_ended(attempt, ended)
+        cause = (verdict.root_cause or {}).get("time")
+        self.metrics.attempt_ended(attempt, cause, [e.get("end") for e in verdict.record["ranks"]])
         if verdict.restart:
             log.warning(
                 "attempt %d failed (%s); restarting the whole world (%d of %d)",
@@ -189,19 +206,45 @@ class Run:
         return decision
 
     def _judge(
-        self, scope: Scope, attempt: int, roster: Roster, options: Options, mine: dict[str, Any]
-    ) -> tuple[Verdict, bool]:
-        """The verdict, and whether any rank made progress (a --progress-regex line)."""
+        self,
+        scope: Scope,
+        attempt: int,
+        roster: Roster,
+        options: Options,
+        mine: dict[str, Any],
+        coordinator: Coordinator,
+    ) -> tuple[Verdict, bool, Coordination]:
+        """The verdict, whether any rank made progress (a --progress-regex line), and what the
+        coordinator saw (it serves until every result is in)."""
         # Waits for every node's result; a lost node's is written by node 0's heartbeat monitor.
         me = self.seat.world.agent_index
         results = results_with_own(scope, list(roster.nodes), me, mine)
+        done = coordinator.close()
         failures = [r["failure"] for r in results if r.get("failure")]
         failures += self.seat.lost_failures(scope)
+        if done.failure is not None:
+            failures.append(done.failure)
         lost = [a for a, r in zip(roster.nodes, results, strict=True) if r.get("lost")]
         verdict = judge(
             attempt, results, failures, options.max_restarts, _replaceable(roster, lost, options)
         )
-        return verdict, any(r.get("progressed") for r in results)
+        return verdict, any(r.get("progressed") for r in results), done
+
+    def _coordinator(
+        self, prepared: Prepared, scope: Scope, attempt: int, roster: Roster
+    ) -> Coordinator:
+        world = self.seat.world
+        return Coordinator(
+            scope,
+            nodes=roster.nodes,
+            options=prepared.plan.options,
+            log_dir=prepared.plan.log_dir,
+            attempt=attempt,
+            node_rank=world.node_rank,
+            host=world.host,
+            report=lambda record: self.seat.report(scope, record),
+            metrics=self.metrics,
+        )
 
     def _stand_by(self, scope: Scope, prepared: Prepared, attempt: int) -> dict[str, Any]:
         """A spare: no ranks; wait for the attempt's verdict (a signal or node 0's loss ends the

@@ -1,13 +1,16 @@
 """Stragglers while an attempt runs: each agent posts its ranks' pace, node 0 compares them.
 
-Every PACE_EVERY seconds (on the supervisor's tick) each agent seals one record into the
-attempt's scope, `pace/<agent>`: its ranks' median step times (from the router's step
-clocks), only when some rank printed a progress line since the last one, with the age of its
-latest line and a sequence number. Node 0 reads one record per node on the same tick
-(O(nodes)), judges them (agent.run.stragglers) and says on the console when a straggler starts
-and when it ends; the episodes go to summary.json. From the same records node 0 knows when each
-node last progressed (a new sequence number: now less the age), for the run's metrics
-(agent.metrics) and the live table's `behind` column (`on_look`).
+Every PACE_EVERY seconds (on the supervisor's tick, while the node has ranks) each agent
+(`PaceWatch`) seals one record into the attempt's scope, `pace/<agent>`: its ranks' median step
+times (from the router's step clocks), only when some rank printed a progress line since the
+last one, with the age of its latest line and a sequence number. Node 0's coordinator
+(`PaceJudge`, agent.run.coordinator: from the lineup to the verdict, whatever node 0's own ranks
+do) reads one record per node once a second (O(nodes)), judges them (agent.run.stragglers) and
+says on the console when a straggler starts and when it ends; the episodes go to summary.json.
+A rank that exited is no straggler (its pace still counts in the job's median): an episode
+lasts until its ranks keep pace or end. From the same records node 0 knows when each node last
+progressed (a new sequence number: now less the age), for the run's metrics (agent.metrics) and
+the live table's `behind` column (`on_look`).
 """
 
 from __future__ import annotations
@@ -39,33 +42,22 @@ PACE_EVERY = 1.0  # seconds between a node's pace records (and node 0's looks)
 
 
 class PaceWatch:
+    """This node's part: its ranks' pace, posted while they run."""
+
     def __init__(
         self,
         scope: Scope,
         clocks: Callable[[], Mapping[int, StepClock]],
         *,
-        agents: Sequence[int],  # the agents running ranks in this attempt
         agent: int,
         node_rank: int,
         host: str,
-        factor: float,
-        leader: bool,
-        attempt: int,
-        metrics: RunMetrics | None = None,  # node 0: the run's recorder
-        on_look: Callable[[JobPace], None] | None = None,  # node 0: the live table
     ) -> None:
-        self.scope, self.clocks, self.agents, self.agent = scope, clocks, agents, agent
-        self.node_rank, self.host, self.factor = node_rank, host, factor
-        self.leader, self.attempt = leader, attempt
-        self.metrics, self.on_look = metrics, on_look
+        self.scope, self.clocks, self.agent = scope, clocks, agent
+        self.node_rank, self.host = node_rank, host
         self._next = 0.0
         self._posted: tuple = ()
         self._seq = 0
-        self._progress: dict[int, tuple[int, float]] = {}  # node 0: node rank → (seq, when)
-        self.active: list[Straggler] = []
-        self.episodes: list[dict[str, Any]] = []  # node 0: every straggler episode, in order
-        self._open: dict[tuple[int, int | None], dict[str, Any]] = {}
-        self._seen: set[int] = set()  # node 0: agents whose pace record exists
 
     def tick(self, now: float | None = None) -> None:
         now = time.monotonic() if now is None else now
@@ -74,10 +66,6 @@ class PaceWatch:
         self._next = now + PACE_EVERY
         try:
             self._post(now)
-            if self.leader:
-                self._look(now)
-        except Refused as exc:  # not ours: logged, never a decision
-            log.error("%s", exc.message)
         except Exception as exc:  # a store in trouble is the watchers' to report, not ours
             log.debug("pace: %s", exc)
 
@@ -104,13 +92,51 @@ class PaceWatch:
         }
         self.scope.put(f"pace/{self.agent}", record)
 
-    def _look(self, now: float) -> None:
+
+class PaceJudge:
+    """Node 0's part: every node's pace, judged once a second from the lineup to the verdict."""
+
+    def __init__(
+        self,
+        scope: Scope,
+        *,
+        agents: Sequence[int],  # the agents running ranks in this attempt
+        factor: float,
+        attempt: int,
+        metrics: RunMetrics | None = None,  # the run's recorder
+        on_look: Callable[[JobPace], None] | None = None,  # the live table
+    ) -> None:
+        self.scope, self.agents, self.factor, self.attempt = scope, agents, factor, attempt
+        self.metrics, self.on_look = metrics, on_look
+        self._next = 0.0
+        self._progress: dict[int, tuple[int, float]] = {}  # node rank → (seq, when)
+        self.active: list[Straggler] = []
+        self.episodes: list[dict[str, Any]] = []  # every straggler episode, in order
+        self._open: dict[tuple[int, int | None], dict[str, Any]] = {}
+        self._seen: set[int] = set()  # agents whose pace record exists
+
+    def tick(
+        self, now: float | None = None, live: Callable[[int], bool] = lambda rank: True
+    ) -> None:
+        """`live`: whether a rank still runs (the nodes' standings): only those straggle."""
+        now = time.monotonic() if now is None else now
+        if now < self._next:
+            return
+        self._next = now + PACE_EVERY
+        try:
+            self._look(now, live)
+        except Refused as exc:  # not ours: logged, never a decision
+            log.error("%s", exc.message)
+        except Exception as exc:  # a store in trouble is the watchers' to report, not ours
+            log.debug("pace: %s", exc)
+
+    def _look(self, now: float, live: Callable[[int], bool]) -> None:
         paces = []
         for record in self._records():
             node, host = record.get("node_rank"), str(record.get("host"))
             self._progressed(node, record.get("seq"), record.get("age"), now)
             for rank, median, steps, step in record.get("ranks", []):
-                paces.append(RankPace(rank, node, host, median, steps, step))
+                paces.append(RankPace(rank, node, host, median, steps, step, live(rank)))
         pace = judge_pace(paces, self.factor)
         change = changes(self.active, pace)
         for s in change.started:

@@ -4,7 +4,8 @@ The job's median is the lower median of the ranks' medians (with two equal halve
 half's pace: a node stepping twice as slow as the other is slow, not the norm). A node whose
 median (the lower median of its ranks') exceeds `factor` × the job's is a straggler as a whole,
 its ranks are not named again; a rank on any other node is one on its own when its median
-exceeds `factor` × the job's. Ranks with fewer than MIN_STEPS step times are not judged yet.
+exceeds `factor` × the job's. Ranks with fewer than MIN_STEPS step times are not judged yet;
+ranks that exited are judged no more, but their pace stays in the job's median.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ class RankPace:
     median: float  # seconds per step over its last steps
     steps: int  # how many step times the median is over
     step: int | None = None  # the last step number it printed
+    live: bool = True  # still running: a rank that exited is no straggler (its pace still
+    # counts in the job's median: the ones left are compared with the pace the job kept)
 
 
 @dataclass(frozen=True)
@@ -77,12 +80,15 @@ def judge_pace(paces: Iterable[RankPace], factor: float) -> Pace:
         by_node.setdefault(p.node_rank, []).append(p)
     found: list[Straggler] = []
     for node, ranks in sorted(by_node.items()):
-        node_median = statistics.median_low(p.median for p in ranks)
-        if len(by_node) > 1 and node_median > limit:
-            step = _last_step(ranks)
-            found.append(Straggler(node, ranks[0].host, None, node_median, job, step))
+        running = [p for p in ranks if p.live]
+        if not running:
             continue
-        for p in sorted(ranks, key=lambda p: p.rank):
+        node_median = statistics.median_low(p.median for p in running)
+        if len(by_node) > 1 and node_median > limit:
+            step = _last_step(running)
+            found.append(Straggler(node, running[0].host, None, node_median, job, step))
+            continue
+        for p in sorted(running, key=lambda p: p.rank):
             if p.median > limit:
                 found.append(Straggler(node, p.host, p.rank, p.median, job, p.step))
     return Pace(job, tuple(found))

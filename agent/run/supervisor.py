@@ -31,7 +31,6 @@ class Outcome:
     refused: str | None = None
     warnings: list[str] = field(default_factory=list)
     progressed: bool = False  # a rank printed a --progress-regex line in this attempt
-    stragglers: list[dict[str, Any]] = field(default_factory=list)  # node 0: the episodes
 
 
 class Supervisor:
@@ -51,7 +50,7 @@ class Supervisor:
         grace: float,
         hang_warning: float,
         processes: w.Processes | None = None,
-        hang: Any = None,  # agent.hang.watch.HangWatch when --hang-timeout is set
+        hang: Any = None,  # agent.hang.watch.HangWatch: this node's standing for node 0's judges
         pace: Any = None,  # agent.run.pace.PaceWatch when --progress-regex is set
         slurm_signals_ranks: bool = False,  # agent.world.proctrack: the ranks have it already
         paused: Callable[[], Collection[int]] = frozenset,  # ranks stopped in pdb (agent.pause)
@@ -76,6 +75,8 @@ class Supervisor:
 
     def run(self, start: Callable[[], list[w.Worker]]) -> Outcome:
         self.workers = start()
+        if self.hang is not None:
+            self.hang.started([worker.spec.rank for worker in self.workers])
         alive = len(self.workers)
         while alive:
             event = self._next_event()
@@ -133,6 +134,8 @@ class Supervisor:
             self.bindings.seen.get(worker.spec.rank),
         )
         self.outcome.exits.append(exit)
+        if self.hang is not None:
+            self.hang.exited(exit.rank, event.returncode, event.when)
         if state == "failed" and self._deadline is None:
             worker.err.done.wait(1.0)  # let the pipe drain so the record has its last words
             record = failure_record(
@@ -208,10 +211,7 @@ class Supervisor:
         live = [w for w in self.workers if w.returncode is None]
         if self.hang is not None and live and self._deadline is None:
             last = max(max(w.out.last_progress, w.err.last_progress) for w in live)
-            record = self.hang.tick(now - last)
-            if record is not None:
-                self.outcome.failure = self._report(record) or record
-                self._stop(record["how"])
+            self.hang.tick(now - last)  # node 0's coordinator judges (agent.run.coordinator)
         paused = self.paused()  # silent by choice: no --hang-warning for them
         for worker in self.workers:
             if worker.returncode is not None or worker.spec.rank in self._hung | set(paused):

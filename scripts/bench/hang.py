@@ -29,7 +29,9 @@ NPROC = 2
 HANG_TIMEOUT = 5.0
 JOB_MARK = "LA_BENCH_HANG_JOB"  # per job, inherited by its agents, ranks and py-spy
 STACKS_BAR = 3.0  # the issue's bar for `agent stacks` on 2 × 2
-DETECTED = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) \S+ no rank made progress")
+DETECTED = re.compile(
+    r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) \S+ no progress for \S+ s from the"
+)
 
 
 def _job_processes(marker: str) -> list[psutil.Process]:
@@ -211,7 +213,10 @@ def one_job(
         how = ""
         with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
             how = json.loads(summary_path.read_text())["root_cause"]["how"]
-        want = f"hang: no progress for {HANG_TIMEOUT:g} s; rank {lone} in spin_without_progress"
+        want = (
+            f"hang: no progress for {HANG_TIMEOUT:g} s from the {world} ranks still running; "
+            f"rank {lone} in spin_without_progress"
+        )
         result.update(
             {
                 "ok": summary_at is not None,
@@ -393,11 +398,13 @@ def summarize(data: dict[str, Any]) -> tuple[list[Table], list[Target], dict[str
         )
     detect.notes += [
         "last output = time.time() a rank wrote just before its last line (the lone rank's "
-        "'going quiet'); detected = node 0's 'no rank made progress' log line (ms resolution); "
-        "stacks captured = mtime of stacks-a0.txt; summary.json = its mtime (the hang is the root "
-        "cause, the stacks in it). Each agent looks at its ranks' output about once a second "
-        "(then counts itself quiet) and node 0 reads the quiet counter on its own tick, so "
-        "detection lands up to ~2 s after T by design.",
+        "'going quiet'); detected = node 0's 'no progress for T s from the N ranks still "
+        "running' log line (ms resolution); stacks captured = mtime of stacks-a0.txt; "
+        "summary.json = its mtime (the hang is the root cause, the stacks in it). Each agent "
+        "looks at its ranks' output about once a second, then seals its quiet standing and "
+        "re-posts it every second; node 0's coordinator reads the standings every 0.5 s and "
+        "judges only once every quiet node has posted again (an old record written back cannot "
+        "fake a hang), so detection lands up to ~3 s after T by design.",
         "teardown: node 0 SIGTERMs the ranks of every node, gathers every node's result, writes "
         "summary.json; 'last agent exit' is the waitpid of the last of the N agents. 'processes "
         "left behind': live processes carrying the job's env marker once every agent had exited "

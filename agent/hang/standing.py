@@ -1,0 +1,174 @@
+"""One node's ranks as the job's coordinator sees them: which still run, which ended and how,
+and whether the live ones have all been quiet for --hang-timeout (pure).
+
+Each agent seals its standing under the attempt's `standing/<agent>` whenever it changes (its
+ranks started, one exited, its quiet state turned) and, while quiet, again every
+QUIET_REPOST seconds with a new sequence number. Node 0 reads them (agent.run.coordinator):
+a node whose ranks all exited is done, not quiet; the job hangs when no node is active and
+some node is quiet (`stillness`), and only once every quiet node has posted again since — an
+old quiet record written back by an outsider cannot advance its node's sequence number.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from agent.plan.rank_set import format_ranges
+
+QUIET_REPOST = 1.0  # seconds between a quiet node's records (what confirms a hang)
+MAX_RANKS = 4096  # ranks one node's record may name (more is not a node of ours)
+
+
+@dataclass(frozen=True)
+class RankEnd:
+    rank: int
+    returncode: int  # negative: killed by that signal
+    end: float  # wall time
+
+
+@dataclass(frozen=True)
+class Standing:
+    agent: int
+    node_rank: int
+    host: str
+    seq: int  # grows with every record this node writes in the attempt
+    live: tuple[int, ...]  # ranks still running
+    ended: tuple[RankEnd, ...]
+    quiet: bool  # every live rank silent for --hang-timeout (never while one is paused)
+
+    @property
+    def done(self) -> bool:
+        return not self.live
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "agent": self.agent,
+            "node_rank": self.node_rank,
+            "host": self.host,
+            "seq": self.seq,
+            "live": list(self.live),
+            "ended": [[e.rank, e.returncode, round(e.end, 3)] for e in self.ended],
+            "quiet": self.quiet,
+        }
+
+    @classmethod
+    def from_json(cls, data: object) -> Standing | None:
+        """None for anything that is not a standing of ours (the record opened, so this is a
+        bug or a version skew, never an outsider's; still: it must not raise)."""
+        if not isinstance(data, dict):
+            return None
+        agent, node, seq = data.get("agent"), data.get("node_rank"), data.get("seq")
+        live, ended = data.get("live"), data.get("ended")
+        if not all(_int(v) for v in (agent, node, seq)):
+            return None
+        if not isinstance(live, list) or not isinstance(ended, list):
+            return None
+        if len(live) > MAX_RANKS or len(ended) > MAX_RANKS or not all(_int(r) for r in live):
+            return None
+        ends = []
+        for item in ended:
+            if not (isinstance(item, list) and len(item) == 3 and _int(item[0]) and _int(item[1])):
+                return None
+            if not isinstance(item[2], (int, float)):
+                return None
+            ends.append(RankEnd(item[0], item[1], float(item[2])))
+        return cls(
+            agent,  # type: ignore[arg-type]
+            node,  # type: ignore[arg-type]
+            str(data.get("host", "?"))[:255],
+            seq,  # type: ignore[arg-type]
+            tuple(live),
+            tuple(ends),
+            data.get("quiet") is True,
+        )
+
+
+def _int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True)
+class Stillness:
+    """The job's ranks at one look: every node heard from, none active, someone quiet."""
+
+    still: bool
+    quiet: Mapping[int, int]  # quiet node (agent) → its record's sequence number
+
+
+def stillness(nodes: Sequence[int], standings: Mapping[int, Standing]) -> Stillness:
+    """Whether the job looks hung now: no node still unheard of or active, and at least one
+    node with live ranks (quiet); all done is an attempt that is ending, not a hang."""
+    quiet: dict[int, int] = {}
+    for agent in nodes:
+        found = standings.get(agent)
+        if found is None or (found.live and not found.quiet):
+            return Stillness(False, {})
+        if found.live:
+            quiet[agent] = found.seq
+    return Stillness(bool(quiet), quiet)
+
+
+def confirmed(suspected: Mapping[int, int], now: Mapping[int, int]) -> bool:
+    """Whether every node quiet at the suspicion has written a newer quiet record since (or
+    ended): a genuinely quiet node re-posts, a replayed record cannot."""
+    return all(now.get(agent, seq + 1) > seq for agent, seq in suspected.items())
+
+
+@dataclass(frozen=True)
+class Ended:
+    """Ranks that had exited when the job was judged: for a hang's root cause."""
+
+    ranks: tuple[RankEnd, ...]
+
+    @classmethod
+    def of(cls, standings: Iterable[Standing]) -> Ended:
+        found = [e for s in standings for e in s.ended]
+        return cls(tuple(sorted(found, key=lambda e: e.rank)))
+
+    def clause(self, local: bool = True) -> str:
+        """`ranks 0-1 exited 0 at 12:03:07`; codes other than 0 named per group; "" if none."""
+        if not self.ranks:
+            return ""
+        by_code: dict[int, list[RankEnd]] = {}
+        for e in self.ranks:
+            by_code.setdefault(e.returncode, []).append(e)
+        parts = []
+        for code, ends in sorted(by_code.items(), key=lambda item: min(e.end for e in item[1])):
+            ranks = [e.rank for e in ends]
+            who = f"rank{'s' if len(ranks) > 1 else ''} {format_ranges(ranks)}"
+            clock = time.localtime if local else time.gmtime
+            at = time.strftime("%H:%M:%S", clock(min(e.end for e in ends)))
+            how = f"exited {code}" if code >= 0 else f"killed by signal {-code}"
+            parts.append(f"{who} {how} at {at}")
+        return "; ".join(parts)
+
+
+def still_running(standings: Iterable[Standing]) -> list[tuple[int, str]]:
+    """(rank, host) of every rank still running, by rank."""
+    return sorted((rank, s.host) for s in standings for rank in s.live)
+
+
+def skew_line(standings: Sequence[Standing], now: float, after: float, log_dir: str) -> str:
+    """The exit-skew warning (or ""): ranks exited 0 `after` seconds ago or more (wall clock
+    `now`) while others still run — the shape of a job stuck in its last collective or
+    teardown. Names the ranks still running and their hosts, and how to see where they are."""
+    clean = [e for s in standings for e in s.ended if e.returncode == 0]
+    running = still_running(standings)
+    if not clean or not running or after <= 0:
+        return ""
+    waited = now - min(e.end for e in clean)
+    if waited < after:
+        return ""
+    done = format_ranges(e.rank for e in clean)
+    left = format_ranges(rank for rank, _ in running)
+    hosts = sorted({host for _, host in running})
+    shown = ", ".join(hosts[:8]) + (f" and {len(hosts) - 8} more" if len(hosts) > 8 else "")
+    return (
+        f"exit skew: rank{'s' if len(clean) > 1 else ''} {done} exited 0 {waited:.0f} s ago; "
+        f"rank{'s' if len(running) > 1 else ''} {left} on {shown} still "
+        f"run{'' if len(running) > 1 else 's'} (--hang-warning): see where with "
+        f"python -m agent stacks {log_dir}"
+    )

@@ -1,0 +1,200 @@
+"""Node 0's job services for one attempt, from its lineup to its verdict.
+
+Node 0 is a node with ranks and the job's coordinator. The coordinator's work — relaying
+`agent stacks` and `agent debug` (the attempt's desks stay open), judging hangs
+(agent.hang.judge) and stragglers (agent.run.pace.PaceJudge), saying when ranks that finished
+wait on ranks that still run (exit skew), and feeding the run's metrics — runs on a thread of
+its own from the moment node 0's desks are up until the verdict is out, whatever node 0's own
+ranks do: they are one member's ranks like any other node's.
+
+Every node's standing (agent.hang.standing) is read from the sealed records, on a wake of the
+`standing-seq` counter or every SLOW_LOOK seconds; for each node the record with the highest
+sequence number is kept, so a record deleted, garbled or written back by an outsider is never
+newer knowledge than what was seen.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from agent.hang.desk import StackDesk
+from agent.hang.judge import HangJudge
+from agent.hang.standing import Standing, skew_line
+from agent.hang.watch import WAKE, standing_name
+from agent.metrics.recorder import RunMetrics
+from agent.node.scope import Scope
+from agent.node.sealed import tell_refused
+from agent.node.trust import Refused
+from agent.pause.desk import PauseDesk
+from agent.plan.options import Options
+from agent.run.pace import PaceJudge
+
+log = logging.getLogger("agent")
+TICK = 0.5  # seconds between the coordinator's looks
+SLOW_LOOK = 5.0  # seconds between reads of every standing when the wake counter is still
+
+
+@dataclass
+class Coordination:
+    """What the coordinator leaves for the attempt's verdict."""
+
+    failure: dict[str, Any] | None = None  # the hang it published
+    stragglers: list[dict[str, Any]] = field(default_factory=list)
+    exit_skew: str | None = None  # the line it said, if it said one
+
+
+class Coordinator:
+    def __init__(
+        self,
+        scope: Scope,  # the attempt's
+        *,
+        nodes: Sequence[int],  # the agents running ranks in this attempt
+        options: Options,
+        log_dir: str,
+        attempt: int,
+        node_rank: int,
+        host: str,
+        report: Callable[[dict[str, Any]], dict[str, Any] | None],  # publishes a failure
+        metrics: RunMetrics,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        self.scope, self.nodes, self.options, self.log_dir = scope, tuple(nodes), options, log_dir
+        self.attempt, self.node_rank, self.host = attempt, node_rank, host
+        self.report, self.metrics, self.clock, self.wall = report, metrics, clock, wall
+        self.side = scope
+        self.desk: StackDesk | None = None
+        self.pauses: PauseDesk | None = None
+        self.hang: HangJudge | None = None
+        self.pace: PaceJudge | None = None
+        self.result = Coordination()
+        self.standings: dict[int, Standing] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._wake: int | None = None
+        self._full_at = float("-inf")
+        self._seen: set[int] = set()
+        self._over = False  # the attempt has a failure: nothing left to judge
+
+    @property
+    def serving(self) -> bool:
+        return self.desk is not None and not self._stop.is_set()
+
+    def begin(
+        self, desk: StackDesk, pauses: PauseDesk, on_look: Callable[[Any], None] | None = None
+    ) -> None:
+        """Node 0's desks are up: serve and judge until `close`."""
+        options = self.options
+        self.desk, self.pauses = desk, pauses
+        # A connection of its own: node 0's main one blocks in the wait for every result.
+        self.side = self.scope.on(self.scope.store.another_client())
+        if options.hang_timeout > 0:
+            self.hang = HangJudge(
+                desk,
+                timeout=options.hang_timeout,
+                log_dir=self.log_dir,
+                attempt=self.attempt,
+                node_rank=self.node_rank,
+                host=self.host,
+            )
+        if options.progress_regex is not None:
+            self.pace = PaceJudge(
+                self.side,
+                agents=self.nodes,
+                factor=options.straggler_factor,
+                attempt=self.attempt,
+                metrics=self.metrics,
+                on_look=on_look,
+            )
+        self._thread = threading.Thread(target=self._serve, name="coordinator", daemon=True)
+        self._thread.start()
+
+    def close(self) -> Coordination:
+        """Every result is in: the judges stop, the desks' answering threads everywhere end
+        (again: a no-op)."""
+        if self._stop.is_set():
+            return self.result
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        if self.desk is not None:
+            self.desk.end()
+        if self.pace is not None:
+            self.result.stragglers = self.pace.close()
+        return self.result
+
+    # -- the thread -----------------------------------------------------------------------
+    def _serve(self) -> None:
+        side = self.side
+        try:
+            while not self._stop.wait(TICK):
+                try:
+                    self._tick(side)
+                except Exception as exc:  # a store in trouble is the watchers' to report
+                    log.debug("coordinator: %s", exc)
+        finally:
+            with contextlib.suppress(Exception):
+                side.store.close()
+
+    def _tick(self, side: Scope) -> None:
+        now = self.clock()
+        standings = self.read_standings(side, now)
+        live = {rank for s in standings.values() for rank in s.live}
+        known = len(standings) == len(self.nodes)
+        if known:
+            self.metrics.ranks_left(self.attempt, len(live))
+        if self.pace is not None:
+            self.pace.tick(now, (lambda rank: rank in live) if known else (lambda rank: True))
+        if self._over or side.failure() is not None:
+            self._over = True
+            return
+        self._exit_skew(standings)
+        if self.hang is not None:
+            record = self.hang.look(standings)
+            if record is not None:
+                self.result.failure = self.report(record) or record
+
+    def _exit_skew(self, standings: Mapping[int, Standing]) -> None:
+        """Once: ranks that exited 0 have waited --hang-warning for ranks that still run."""
+        if self.result.exit_skew is not None:
+            return
+        line = skew_line(
+            list(standings.values()), self.wall(), self.options.hang_warning, self.log_dir
+        )
+        if line:
+            self.result.exit_skew = line
+            self.metrics.exit_skew_said(self.attempt)
+            log.warning("%s", line)
+
+    def read_standings(self, side: Scope, now: float) -> dict[int, Standing]:
+        """Every node's newest standing; read again when woken or every SLOW_LOOK seconds."""
+        wake = side.store.add(side.key(WAKE), 0)
+        if wake == self._wake and now < self._full_at:
+            return self.standings
+        self._wake, self._full_at = wake, now + SLOW_LOOK
+        store = side.store
+        names = {agent: side.key(standing_name(agent)) for agent in self.nodes}
+        if len(self._seen) < len(self.nodes) or not store.exists_all(list(names.values())):
+            self._seen = {a for a, key in names.items() if store.exists(key)}
+        present = [a for a in self.nodes if a in self._seen]
+        values = store.multi_get([names[a] for a in present], present=True) if present else []
+        for agent, value in zip(present, values, strict=True):
+            try:
+                found = Standing.from_json(side.keys.unseal(value, names[agent], "standing"))
+            except Refused as exc:  # an outsider's value: what we knew of that node stands
+                tell_refused(names[agent], exc)
+                continue
+            known = self.standings.get(agent)
+            if (
+                found is not None
+                and found.agent == agent
+                and (known is None or found.seq > known.seq)
+            ):
+                self.standings[agent] = found
+        return self.standings

@@ -1,0 +1,238 @@
+"""A node's standing and node 0's judges over them (pure tables), and the coordinator reading
+sealed standings from a real in-process store: ranks that exited are done, not quiet; an
+outsider's counter bump, deletion, garbage or replayed record never decides a hang."""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+
+import pytest
+from torch.distributed import TCPStore
+
+from agent.hang.desk import StackDesk
+from agent.hang.judge import HangJudge
+from agent.hang.standing import (
+    Ended,
+    RankEnd,
+    Standing,
+    confirmed,
+    skew_line,
+    still_running,
+    stillness,
+)
+from agent.hang.watch import WAKE, HangWatch
+from agent.metrics.recorder import RunMetrics
+from agent.node.scope import Scope
+from agent.node.store import Endpoint, Store
+from agent.node.store_client import StoreClient
+from agent.node.trust import JobKeys
+from agent.plan.options import resolve
+from agent.run.coordinator import Coordinator
+
+
+def _standing(agent: int, seq: int = 1, live=(), ended=(), quiet: bool = False) -> Standing:
+    return Standing(agent, agent, f"h{agent}", seq, tuple(live), tuple(ended), quiet)
+
+
+ACTIVE, QUIET, DONE = "active", "quiet", "done"
+
+
+def _of(states: dict[int, str]) -> dict[int, Standing]:
+    return {
+        a: _standing(a, 1, () if s == DONE else (a,), (RankEnd(a, 0, 1.0),) if s == DONE else (),
+                     s == QUIET)
+        for a, s in states.items()
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("states", "still", "quiet"),
+    [
+        ({0: QUIET, 1: QUIET}, True, {0, 1}),
+        ({0: DONE, 1: QUIET}, True, {1}),  # node 0's ranks exited: done, not quiet
+        ({0: QUIET, 1: DONE, 2: QUIET}, True, {0, 2}),  # a middle node done
+        ({0: DONE, 1: ACTIVE}, False, set()),
+        ({0: DONE, 1: DONE}, False, set()),  # every rank ended: the attempt is ending, no hang
+        ({0: QUIET}, False, set()),  # node 1 never heard from: it may be starting
+    ],
+)
+def test_stillness_counts_exited_ranks_as_done(states, still, quiet):
+    got = stillness([0, 1] if len(states) < 3 else [0, 1, 2], _of(states))
+    assert got.still is still and set(got.quiet) == quiet
+
+
+@pytest.mark.parametrize(
+    ("suspected", "now", "hung"),
+    [
+        ({1: 3}, {1: 4}, True),  # re-posted since
+        ({1: 3}, {1: 3}, False),  # the same record (or an old one written back)
+        ({0: 5, 1: 3}, {0: 6, 1: 3}, False),  # one node has not re-posted yet
+        ({0: 5, 1: 3}, {0: 6}, True),  # node 1's ranks ended meanwhile
+    ],
+)
+def test_a_hang_is_confirmed_only_by_newer_quiet_records(suspected, now, hung):
+    assert confirmed(suspected, now) is hung
+
+
+def test_the_exited_clause_groups_ranks_by_how_they_ended():
+    ends = [RankEnd(1, 0, 43200.0), RankEnd(0, 0, 43205.0), RankEnd(4, -9, 43300.0)]
+    clause = Ended.of([_standing(0, ended=ends)]).clause(local=False)
+    assert clause == "ranks 0-1 exited 0 at 12:00:00; rank 4 killed by signal 9 at 12:01:40"
+    assert Ended.of([_standing(0)]).clause() == ""
+
+
+@pytest.mark.parametrize(
+    ("standings", "now", "line"),
+    [
+        ([_standing(0, ended=[RankEnd(0, 0, 100.0)]), _standing(1, live=[1])], 399.0, ""),
+        (
+            [_standing(0, ended=[RankEnd(0, 0, 100.0)]), _standing(1, live=[1])],
+            400.0,
+            "exit skew: rank 0 exited 0 300 s ago; rank 1 on h1 still runs (--hang-warning): "
+            "see where with python -m agent stacks logs/7.0",
+        ),
+        (
+            [_standing(0, ended=[RankEnd(0, 0, 100.0), RankEnd(1, 0, 90.0)]),
+             _standing(1, live=[2, 3]), _standing(2, live=[4])],
+            400.0,
+            "exit skew: ranks 0-1 exited 0 310 s ago; ranks 2-4 on h1, h2 still run "
+            "(--hang-warning): see where with python -m agent stacks logs/7.0",
+        ),
+        ([_standing(0, ended=[RankEnd(0, 1, 100.0)]), _standing(1, live=[1])], 900.0, ""),
+        ([_standing(0, ended=[RankEnd(0, 0, 100.0)])], 900.0, ""),  # nothing runs on
+    ],
+)  # fmt: skip
+def test_the_exit_skew_line(standings, now, line):
+    assert skew_line(standings, now, 300.0, "logs/7.0") == line
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        None, [], {"agent": 0}, {"agent": True, "node_rank": 0, "seq": 1, "live": [], "ended": []},
+        {"agent": 0, "node_rank": 0, "seq": 1, "live": ["x"], "ended": []},
+        {"agent": 0, "node_rank": 0, "seq": 1, "live": [], "ended": [[0, 0]]},
+        {"agent": 0, "node_rank": 0, "seq": 1, "live": [], "ended": [[0, 0, "t"]]},
+        {"agent": 0, "node_rank": 0, "seq": 1, "live": list(range(5000)), "ended": []},
+    ],
+)  # fmt: skip
+def test_a_standing_that_is_not_one_is_none(data):
+    assert Standing.from_json(data) is None
+
+
+def test_a_standing_round_trips():
+    s = _standing(3, 7, live=[6, 7], ended=[RankEnd(5, 0, 12.5)], quiet=True)
+    assert Standing.from_json(s.to_json()) == s
+    assert still_running([s, _standing(1, live=[2])]) == [(2, "h1"), (6, "h3"), (7, "h3")]
+
+
+# -- over a real store (torch's server, our client; an outsider with torch's own client) ----------
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+KEYS = JobKeys.derive(b"standing-test", "job", "0")
+
+
+@pytest.fixture()
+def server():
+    return TCPStore(
+        "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=30)
+    )
+
+
+def _scope(server, agent: int) -> Scope:
+    client = StoreClient.connect("127.0.0.1", server.port, 10)
+    return Scope(Store(client, Endpoint("127.0.0.1", server.port), "n/"), "r0/a0", agent, KEYS)
+
+
+def _outsider(server) -> TCPStore:
+    return TCPStore("127.0.0.1", server.port, is_master=False, timeout=timedelta(seconds=30))
+
+
+def _coordinator(server, nodes=(0, 1)) -> Coordinator:
+    scope = _scope(server, 0)
+    coordinator = Coordinator(
+        scope, nodes=nodes, options=resolve({}, {"hang_timeout": 4}), log_dir="/nonexistent",
+        attempt=0, node_rank=0, host="h0", report=lambda record: record, metrics=RunMetrics(),
+    )  # fmt: skip
+    desk = StackDesk(scope, nodes, "h0", list)
+    desk.start()
+    coordinator.desk = desk
+    coordinator.hang = HangJudge(desk, timeout=4, log_dir="/nonexistent", attempt=0,
+                                 node_rank=0, host="h0")  # fmt: skip
+    return coordinator
+
+
+def _watch(server, agent: int, clock: Clock) -> HangWatch:
+    return HangWatch(_scope(server, agent), agent=agent, node_rank=agent, host=f"h{agent}",
+                     timeout=4, clock=clock)  # fmt: skip
+
+
+def test_the_coordinator_keeps_the_newest_record_past_deletion_garbage_and_replay(server):
+    clock, evil = Clock(), _outsider(server)
+    coordinator = _coordinator(server)
+    side = coordinator.scope
+    node1 = _watch(server, 1, clock)
+    node1.started([1])
+    node1.tick(10.0)  # quiet: seq 2
+    key = side.key("standing/1")
+    old = evil.get(key)
+    node1.tick(0.0)  # speaks again: seq 3
+    assert coordinator.read_standings(side, clock())[1].quiet is False
+    for tamper in (lambda: evil.set(key, old), lambda: evil.set(key, b"garbage"),
+                   lambda: evil.delete_key(key)):  # fmt: skip
+        tamper()
+        evil.add(side.key(WAKE), 1)
+        seen = coordinator.read_standings(side, clock())[1]
+        assert (seen.seq, seen.quiet) == (3, False)  # what was known stands
+    coordinator.close()
+
+
+def test_counters_only_wake_the_coordinator(server):
+    """An outsider's `add` on the wake counter makes node 0 read, never decide; a counter set
+    back (add -1000) delays a read by SLOW_LOOK at most."""
+    clock, evil = Clock(), _outsider(server)
+    coordinator = _coordinator(server)
+    side = coordinator.scope
+    nodes = [_watch(server, a, clock) for a in (0, 1)]
+    for a, node in enumerate(nodes):
+        node.started([a])
+    wake = evil.add(side.key(WAKE), 5)  # bumped: every standing read, nobody quiet
+    assert coordinator.hang.look(coordinator.read_standings(side, clock())) is None
+    evil.add(side.key(WAKE), -1000)
+    for node in nodes:
+        node.tick(10.0)  # both quiet now; the counter they bump stays far below where it was
+    evil.add(side.key(WAKE), wake - evil.add(side.key(WAKE), 0))  # set back to the last read
+    assert not coordinator.read_standings(side, clock())[0].quiet  # no wake: not read yet
+    clock.now += 5.0  # SLOW_LOOK
+    seen = coordinator.read_standings(side, clock())
+    assert seen[0].quiet and seen[1].quiet
+    coordinator.close()
+
+
+def test_a_hang_needs_fresh_quiet_records_from_every_running_node(server):
+    clock = Clock()
+    coordinator = _coordinator(server)
+    side = coordinator.scope
+    node0, node1 = (_watch(server, a, clock) for a in (0, 1))
+    node0.started([0])
+    node1.started([1])
+    node0.exited(0, 0, time.time())  # node 0's rank is done: not quiet, done
+    node1.tick(10.0)  # node 1 quiet (seq 2)
+    judge = coordinator.hang
+    assert judge.look(coordinator.read_standings(side, clock())) is None  # suspected
+    assert judge.look(coordinator.read_standings(side, clock())) is None  # no newer record
+    clock.now += 1.0  # QUIET_REPOST
+    node1.tick(11.0)  # re-posted (seq 3)
+    record = judge.look(coordinator.read_standings(side, clock()))
+    assert record is not None and record["kind"] == "hang"
+    assert record["how"].startswith("hang: no progress for 4 s from the 1 rank still running; ")
+    assert "; rank 0 exited 0 at " in record["how"], record["how"]
+    assert judge.look(coordinator.read_standings(side, clock())) is None  # once
+    coordinator.close()
