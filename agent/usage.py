@@ -16,6 +16,11 @@ class Parser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
         self.subcommand = subcommand
 
+    @property
+    def flags(self) -> dict[str, bool]:
+        """Each option string this parser takes (its groups' too) → whether it takes a value."""
+        return {flag: action.nargs != 0 for flag, action in self._option_string_actions.items()}
+
     def error(self, message: str) -> NoReturn:
         head = f"{self.subcommand}: " if self.subcommand else ""
         raise AgentError(f"{head}{message} (see {self.prog} --help)")

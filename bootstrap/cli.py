@@ -59,7 +59,7 @@ class Request:
         return self.search_config is not None or bool(self.overrides)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser() -> Parser:
     parser = Parser(
         prog="python -m bootstrap",
         description="Write (and optionally submit) an sbatch script that "
@@ -264,7 +264,7 @@ def _output_options(group) -> None:
 
 def parse(argv: Sequence[str]) -> Request:
     parser = build_parser()
-    ns = parser.parse_args(options_first(argv, own_options(parser)))
+    ns = parser.parse_args(options_first(argv, parser.flags))
     configs, script_args = split_rest(ns.rest)
     job = JobSpec(
         slurm=_slurm(ns),
@@ -283,14 +283,6 @@ def parse(argv: Sequence[str]) -> Request:
         check_paths=not ns.no_path_checks,
         sbatch_command=ns.sbatch_command,
     )
-
-
-def own_options(parser: argparse.ArgumentParser) -> dict[str, bool]:
-    """Each of the parser's option strings → whether it takes a value."""
-    return {
-        flag: action.nargs != 0
-        for flag, action in parser._option_string_actions.items()  # argparse keeps no public map
-    }
 
 
 def options_first(argv: Sequence[str], options: Mapping[str, bool]) -> list[str]:

@@ -75,7 +75,7 @@ def test_positionals_split_like_the_agent():
     assert request.print_script is False  # after --, everything belongs to the script
 
 
-OPTIONS = cli.own_options(cli.build_parser())
+OPTIONS = cli.build_parser().flags
 
 
 @pytest.mark.parametrize(
