@@ -1,14 +1,16 @@
 """The agent's command line as users type it: its own options after the script are warned about
-(and still passed on, as torchrun does)."""
+(and still passed on, as torchrun does); --version; no arguments at all."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import subprocess
 import sys
 
 import pytest
 from cluster import CHECK_ARGS, REPO, base_env
 
+from agent.__main__ import SUBCOMMANDS
 from agent.launch.cli import Command, build_parser, misplaced_options, misplaced_warning, own_flags
 from agent.plan.options import OPTIONS
 from agent.serve.cli import run_parser
@@ -26,7 +28,7 @@ RUN_FLAGS = own_flags(run_parser())
         (["--grace", "1", "--", "--log-dir", "x"], AGENT_FLAGS, ("--grace",)),
         (["--console-ranks", "0", "--console-ranks", "1"], AGENT_FLAGS, ("--console-ranks",)),
         (["--dry-run", "--set", "a=1", "--no-live"], AGENT_FLAGS, ("--dry-run", "--set", "--no-live")),
-        (["--help", "-h", "-m", "--live", "0"], AGENT_FLAGS, ()),  # a script's help, short words
+        (["--help", "-h", "--version", "-m", "--live"], AGENT_FLAGS, ()),  # the script's, likelier
         (["--master-port", "1", "--grace", "1"], RUN_FLAGS, ("--grace",)),  # not `agent run`'s
         ([], AGENT_FLAGS, ()),
     ],
@@ -40,7 +42,7 @@ def test_every_option_of_the_table_is_one_the_warning_knows():
         name = option.name.replace("_", "-")
         flag = f"--no-{name}" if option.kind is bool and option.default is True else f"--{name}"
         assert flag in AGENT_FLAGS, flag
-    assert {"--dry-run", "--set"} <= AGENT_FLAGS and "--help" not in AGENT_FLAGS
+    assert {"--dry-run", "--set"} <= AGENT_FLAGS and not {"--help", "--version"} & AGENT_FLAGS
 
 
 def _command(*misplaced: str) -> Command:
@@ -100,3 +102,30 @@ def test_agent_run_warns_in_the_client(tmp_path):
     warning, *rest = done.stderr.splitlines()
     assert warning.startswith("agent: warning: --grace after the script goes to train.py; ")
     assert done.returncode != 0 and rest and "warning" not in "".join(rest), done.stderr
+
+
+def test_version_comes_from_the_package_metadata(tmp_path):
+    done = _agent(tmp_path, "--version")
+    expected = f"launch-agent {importlib.metadata.version('launch-agent')}\n"
+    assert (done.returncode, done.stdout, done.stderr) == (0, expected, "")
+
+
+def test_no_arguments_prints_the_usage_and_exits_2(tmp_path):
+    """As argparse answers a missing argument (exit 2), but with the ways to call the agent,
+    every command named, and nothing of argparse's internals (`rest`)."""
+    done = _agent(tmp_path)
+    assert (done.returncode, done.stdout) == (2, "")
+    lines = done.stderr.splitlines()
+    assert (
+        lines[0]
+        == "usage: python -m agent [OPTIONS] SCRIPT [CONFIG.yml ...] [ARGS ...] [-- ARGS ...]"
+    )
+    assert lines[1] == f"       python -m agent {{{','.join(SUBCOMMANDS)}}} [ARGS ...]"
+    assert lines[2:] == ["       python -m agent --help | --version"]
+
+
+def test_a_missing_script_is_one_line_naming_only_the_script(tmp_path):
+    done = _agent(tmp_path, "--nproc-per-node", "2")
+    assert done.returncode == 2 and done.stderr == (
+        "agent: error: the following arguments are required: script (see python -m agent --help)\n"
+    )

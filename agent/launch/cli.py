@@ -8,7 +8,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from agent.plan.options import OPTIONS, Option
-from agent.usage import Parser
+from agent.usage import Parser, VersionAction
+
+USAGE = "%(prog)s [OPTIONS] SCRIPT [CONFIG.yml ...] [ARGS ...] [-- ARGS ...]"
 
 _EPILOG = """\
 After SCRIPT, arguments ending in .yml/.yaml are configs (read on node 0 only); everything else,
@@ -40,6 +42,7 @@ class Command:
 def build_parser() -> Parser:
     parser = Parser(
         prog="python -m agent",
+        usage=USAGE,
         description="Launch and supervise one node's ranks of a PyTorch job.",
         epilog=_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -49,8 +52,20 @@ def build_parser() -> Parser:
     parser.add_argument(
         "--dry-run", action="store_true", help="print the plan for every rank, start nothing"
     )
+    parser.add_argument("--version", action=VersionAction)
     add_script_arguments(parser)
     return parser
+
+
+def usage_text(commands: Sequence[str]) -> str:
+    """What `python -m agent` without arguments prints: the ways to call it, the `commands`
+    (the subcommands) named, and no argparse internals."""
+    prog = "python -m agent"
+    return (
+        f"usage: {USAGE % {'prog': prog}}\n"
+        f"       {prog} {{{','.join(commands)}}} [ARGS ...]\n"
+        f"       {prog} --help | --version\n"
+    )
 
 
 def add_option_flags(parser: argparse.ArgumentParser, options: Sequence[Option]) -> None:
@@ -104,7 +119,8 @@ def add_script_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "script", help="the training script (or module with -m, program with --no-python)"
     )
-    parser.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    rest = parser.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    rest.required = False  # else a missing script is reported as "script, rest"
 
 
 def parse(argv: Sequence[str], parser: Parser | None = None) -> Command:
@@ -121,8 +137,10 @@ def parse(argv: Sequence[str], parser: Parser | None = None) -> Command:
 
 def own_flags(parser: Parser) -> frozenset[str]:
     """The long options `parser` takes (one per option of the table, and --dry-run, --set ...):
-    the parser's own, so `agent run`'s warning names only what `agent run` takes."""
-    return frozenset(s for s in parser.flags if s.startswith("--") and s != "--help")
+    the parser's own, so `agent run`'s warning names only what `agent run` takes. --help and
+    --version aside: a script's own are the likelier meaning after the script."""
+    generic = ("--help", "--version")
+    return frozenset(s for s in parser.flags if s.startswith("--") and s not in generic)
 
 
 def misplaced_options(rest: Sequence[str], flags: frozenset[str]) -> tuple[str, ...]:
