@@ -100,8 +100,8 @@ def test_record_from_summary(summary, expect):
 def test_attempt_records():
     attempts = from_summary(SUMMARY_RESTART, NOW).attempts
     assert attempts == (
-        AttemptRecord(0, 100.0, 105.0, 2, 2, 2, ("n2",), (1,), "node 1 (n1): lost"),
-        AttemptRecord(1, 106.0, 120.0, 2, 2, 2, (), (), "rank 1 on n0 (node 0) exit code 3"),
+        AttemptRecord(0, 100.0, 105.0, 2, 2, 1, ("n2",), (1,), "node 1 (n1): lost"),
+        AttemptRecord(1, 106.0, 120.0, 2, 2, 1, (), (), "rank 1 on n0 (node 0) exit code 3"),
     )
     with pytest.raises(AttributeError):
         attempts[0].attempt = 5  # frozen
