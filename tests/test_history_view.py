@@ -1,6 +1,6 @@
 """What `agent history` says, and how: tables that fit an 80-column terminal without cutting the
 job id, ranks the agents stopped counted as terminated (not failed), a whole-node straggler
-named as a node."""
+named as a node, and a lost node's cause naming it once — the same words in every reader."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from cluster import REPO
 from rich.cells import cell_len
 
 from agent.history import store
-from agent.history.record import attempt_record, from_summary
+from agent.history.record import attempt_record, cause_line, from_summary
 from agent.history.view import (
     ATTEMPT_COLUMNS,
     JOB_COLUMNS,
@@ -25,6 +25,8 @@ from agent.history.view import (
     fitted_table,
     job_rows,
 )
+from agent.logs.timeline import cause_words
+from agent.run import summary as run_summary
 
 NOW = 1_700_000_000.0
 LONG_ID = "1234567890.step-with-a-long-name"  # a job id that alone takes a third of the screen
@@ -158,6 +160,35 @@ def test_ranks_the_agents_stopped_are_not_counted_failed():
 def test_a_whole_node_straggler_is_named_as_a_node():
     record = from_summary(summary("1", None, []), NOW)
     assert record.stragglers == ("node 1 (n1)", "rank 3 on n1")
+
+
+LOST = {"kind": "lost", "node_rank": 1, "host": "127.0.0.2",
+        "how": "lost: its agent stopped answering"}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("cause", "words"),
+    [
+        (LOST, "node 1 (127.0.0.2) lost: its agent stopped answering"),
+        ({**LOST, "how": "left: agent received SIGTERM"},
+         "node 1 (127.0.0.2) left: agent received SIGTERM"),
+        (RANK_CAUSE, f"rank 0 on n0 (node 0) {RANK_CAUSE['how']}"),
+        ({"kind": "signal", "node_rank": 0, "host": "n0", "how": "agent received SIGINT"},
+         "node 0 (n0): agent received SIGINT"),
+        ({"kind": "join", "how": "node 3 never arrived"}, "join: node 3 never arrived"),
+    ],
+)  # fmt: skip
+def test_every_reader_words_a_cause_the_same(cause, words):
+    """The console report and `agent logs --summary` (run.summary), the history and the
+    timeline: a node is named once, by its fields."""
+    assert run_summary.cause_line(cause) == words
+    assert cause_line(cause) == words[:1000]
+    assert cause_words(cause) == words
+    report = run_summary.render_report(
+        {"status": "failed", "exit_code": 3, "attempts": [], "root_cause": cause}
+    )
+    assert report.splitlines()[1] == f"root cause: {words}"
+    assert "node 1 (127.0.0.2): node" not in report
 
 
 def test_layer_imports_stay_as_documented():

@@ -110,6 +110,8 @@ def cause_line(cause: Any) -> str | None:
         )
     elif cause.get("node_rank") is None:  # not one node's: a join timeout, a mismatch
         text = f"{cause.get('kind') or 'failure'}: {cause.get('how')}"
+    elif cause.get("kind") == "lost":  # `how` is what befell the node: `lost: ...`, `left: ...`
+        text = f"node {cause.get('node_rank')} ({cause.get('host')}) {cause.get('how')}"
     else:
         text = f"node {cause.get('node_rank')} ({cause.get('host')}): {cause.get('how')}"
     return _text(text, TEXT_CAP)
