@@ -31,6 +31,11 @@ def main(argv: list[str] | None = None) -> int:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(PrintableFormatter("[agent %(process)d] %(message)s"))
     logging.basicConfig(level=logging.INFO, handlers=[handler])
+    if not argv:  # the usage, as argparse would answer (exit 2), naming no internals of ours
+        from agent.launch.cli import usage_text
+
+        print(usage_text(SUBCOMMANDS), end="", file=sys.stderr)
+        return int(ExitCode.USAGE)
     try:
         if argv and argv[0] in SUBCOMMANDS:
             return _subcommand(argv[0], argv[1:])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import shlex
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import PurePath
 
@@ -23,8 +23,9 @@ from bootstrap.spec import (
 )
 
 _EPILOG = """\
-After SCRIPT, arguments ending in .yml/.yaml are configs; everything else, and everything after --,
-goes to the script verbatim (as with python -m agent). Bootstrap options go before SCRIPT.
+Bootstrap's options go before or after SCRIPT and its configs. After SCRIPT, arguments ending in
+.yml/.yaml are configs; what bootstrap does not know, and everything after --, goes to the script
+verbatim (so a script argument that is also a bootstrap option, e.g. --time, goes after --).
 Values that start with - need '=': --sbatch=--exclusive, --agent-opts='--max-restarts 2'.
 Values are written in double quotes, so $VARS in them expand when the job runs.
 Sweeps (--search-config and/or --set): every list is a set of alternatives; one config and one
@@ -58,7 +59,7 @@ class Request:
         return self.search_config is not None or bool(self.overrides)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser() -> Parser:
     parser = Parser(
         prog="python -m bootstrap",
         description="Write (and optionally submit) an sbatch script that "
@@ -73,7 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
     _nsys_options(parser.add_argument_group("nsys"))
     _output_options(parser.add_argument_group("output"))
     parser.add_argument("script", help="the training script")
-    parser.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    rest = parser.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    rest.required = False  # else a missing script is reported as "script, rest"
     return parser
 
 
@@ -261,7 +263,8 @@ def _output_options(group) -> None:
 
 
 def parse(argv: Sequence[str]) -> Request:
-    ns = build_parser().parse_args(list(argv))
+    parser = build_parser()
+    ns = parser.parse_args(options_first(argv, parser.flags))
     configs, script_args = split_rest(ns.rest)
     job = JobSpec(
         slurm=_slurm(ns),
@@ -280,6 +283,63 @@ def parse(argv: Sequence[str]) -> Request:
         check_paths=not ns.no_path_checks,
         sbatch_command=ns.sbatch_command,
     )
+
+
+def options_first(argv: Sequence[str], options: Mapping[str, bool]) -> list[str]:
+    """`argv` with bootstrap's own options (and their values) found after the script moved in
+    front of it, so users may write them where they like (`train.py a.yml --print`); what
+    bootstrap does not know, and everything after `--`, stays the script's, in its order."""
+    argv = list(argv)
+    script = _script_index(argv, options)
+    if script is None:
+        return argv
+    moved: list[str] = []
+    kept: list[str] = []
+    i = script + 1
+    while i < len(argv) and argv[i] != "--":
+        token = argv[i]
+        name, attached = _option_name(token, options)
+        if name is None:
+            kept.append(token)
+        elif options[name] and not attached:
+            if i + 1 >= len(argv) or argv[i + 1] == "--":
+                raise AgentError(
+                    f"{token} after the script: expected a value (see python -m bootstrap --help)"
+                )
+            moved += [token, argv[i + 1]]
+            i += 1
+        else:
+            moved.append(token)
+        i += 1
+    return [*argv[:script], *moved, argv[script], *kept, *argv[i:]]
+
+
+def _script_index(argv: Sequence[str], options: Mapping[str, bool]) -> int | None:
+    """Where argparse finds the script: the first word that is neither an option nor a value."""
+    i = 0
+    while i < len(argv):
+        token = argv[i]
+        if token == "--":
+            return None  # `-- train.py`: argparse's own business
+        if not token.startswith("-") or token == "-":
+            return i
+        name, attached = _option_name(token, options)
+        i += 2 if name is not None and options[name] and not attached else 1
+    return None
+
+
+def _option_name(token: str, options: Mapping[str, bool]) -> tuple[str | None, bool]:
+    """(bootstrap's option this token is, whether its value is attached); (None, False) for a
+    word that is none of bootstrap's: `--nodes=2` → --nodes, `-N2` → -N, `--lr` → None."""
+    if token.startswith("--"):
+        name, eq, _ = token.partition("=")
+        return (name, bool(eq)) if name in options else (None, False)
+    if token.startswith("-") and len(token) > 1:
+        if token in options:
+            return token, False
+        if token[:2] in options and options[token[:2]]:
+            return token[:2], True
+    return None, False
 
 
 def _slurm(ns: argparse.Namespace) -> SlurmSpec:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import io
 import os
+import re
+import shlex
 import subprocess
 import sys
 from contextlib import redirect_stderr, redirect_stdout
@@ -11,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from agent.errors import AgentError
 from bootstrap import cli
 from bootstrap.__main__ import main
 from bootstrap.render import render
@@ -69,7 +72,91 @@ def test_positionals_split_like_the_agent():
     step = request.job.step
     assert step.configs == ("data.yml", "model.yaml")
     assert step.script_args == ("--lr", "1", "x.yml", "--print")
-    assert request.print_script is False  # after the script, everything belongs to the script
+    assert request.print_script is False  # after --, everything belongs to the script
+
+
+OPTIONS = cli.build_parser().flags
+
+
+@pytest.mark.parametrize(
+    ("argv", "expect"),
+    [
+        (["t.py", "a.yml", "--print"], ["--print", "t.py", "a.yml"]),
+        (["-N", "2", "t.py", "a.yml", "--submit"], ["-N", "2", "--submit", "t.py", "a.yml"]),
+        (["t.py", "-N", "2", "a.yml"], ["-N", "2", "t.py", "a.yml"]),  # a value comes along
+        (["t.py", "--nodes=2", "-N3", "-t", "5"], ["--nodes=2", "-N3", "-t", "5", "t.py"]),
+        (["t.py", "--lr", "1", "--print"], ["--print", "t.py", "--lr", "1"]),  # --lr: the script's
+        (["t.py", "--", "--print"], ["t.py", "--", "--print"]),  # after --: the script's
+        (
+            ["t.py", "a.yml", "--print", "--", "-N", "2"],
+            ["--print", "t.py", "a.yml", "--", "-N", "2"],
+        ),
+        (
+            ["-o", "x.sbatch", "t.py"],
+            ["-o", "x.sbatch", "t.py"],
+        ),  # x.sbatch is -o's, not the script
+        (["--sbatch=--exclusive", "t.py", "-x"], ["--sbatch=--exclusive", "t.py", "-x"]),
+        (["t.py", "-1", "-"], ["t.py", "-1", "-"]),  # not options of ours
+        (["--print"], ["--print"]),  # no script: argparse says so
+        ([], []),
+    ],
+)
+def test_options_after_the_script_move_in_front_of_it(argv, expect):
+    assert cli.options_first(argv, OPTIONS) == expect
+
+
+def test_an_option_after_the_script_without_its_value_is_one_line():
+    with pytest.raises(AgentError, match=r"^-o after the script: expected a value \(see python"):
+        cli.parse(["t.py", "a.yml", "-o"])
+
+
+def test_no_script_names_no_internal_argument():
+    with pytest.raises(AgentError) as caught:
+        cli.parse(["-N", "2"])
+    assert "required: script (" in caught.value.message and "rest" not in caught.value.message
+
+
+@pytest.fixture
+def laid_out(tmp_path: Path) -> Path:
+    """A directory with the checkout's scripts/ and configs/ (so the README's paths hold) and a
+    bin/ holding a fake sbatch that records its arguments in bin/sbatch.calls."""
+    for name in ("scripts", "configs"):
+        (tmp_path / name).symlink_to(REPO / name)
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "sbatch").write_text(FAKE_SBATCH)
+    (tmp_path / "bin" / "sbatch").chmod(0o755)
+    return tmp_path
+
+
+def _bootstrap(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    """python -m bootstrap ARGS as a user runs it in `cwd`, with `cwd`/bin first on PATH."""
+    path = f"{cwd / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}"
+    return subprocess.run(
+        [sys.executable, "-m", "bootstrap", *args],
+        capture_output=True, text=True, timeout=60, cwd=cwd,
+        env={**os.environ, "PYTHONPATH": str(REPO), "PATH": path},
+    )  # fmt: skip
+
+
+EXAMPLE = ["scripts/examples/check_args.py", "configs/data.yml", "configs/model.yml"]
+
+
+def test_print_after_the_script_prints_it(laid_out):
+    """The issue's command: --print after the configs is bootstrap's, not the script's."""
+    done = _bootstrap(["-N", "2", "--gpus-per-node", "0", *EXAMPLE, "--print"], laid_out)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("#!/bin/bash\n") and "#SBATCH --nodes=2\n" in done.stdout
+    assert f"  {' '.join(EXAMPLE)} || status=$?" in done.stdout  # nothing passed to the script
+    assert done.stderr == "" and not (laid_out / "check_args.sbatch").exists()  # printed only
+
+
+def test_submit_after_the_script_submits_it(laid_out):
+    """--submit after the script runs the sbatch found on PATH, on the script it wrote."""
+    done = _bootstrap([*EXAMPLE, "-N", "2", "--gpus-per-node", "0", "--submit"], laid_out)
+    assert (done.returncode, done.stdout) == (0, "4242\n"), done.stderr
+    assert (laid_out / "bin" / "sbatch.calls").read_text() == "--parsable check_args.sbatch\n"
+    script = (laid_out / "check_args.sbatch").read_text()
+    assert "#SBATCH --nodes=2\n" in script and "--submit" not in script
 
 
 def test_options_build_the_spec():
@@ -244,3 +331,44 @@ def test_requeue_options_build_the_spec():
     assert request.job.slurm.requeue == RequeueSpec(max_requeues=5, signal_lead=300)
     assert "#SBATCH --signal=B:USR2@300\n" in render(request.job)
     assert "MAX_REQUEUES=5\n" in render(request.job)
+
+
+def readme_bootstrap_commands() -> list[str]:
+    """Every `python -m bootstrap` command the README shows with a script: in its command
+    blocks (continuation lines joined) and in its inline code."""
+    text = (REPO / "README.md").read_text()
+    found = []
+    for block in re.findall(r"```[^\n]*\n(.*?)```", text, re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            if line.startswith("python -m bootstrap "):
+                found.append(line)
+    for span in re.findall(r"`(python -m bootstrap [^`]*)`", text):
+        if ".py " in span:
+            found.append(" ".join(span.split()))
+    return found
+
+
+README_COMMANDS = readme_bootstrap_commands()
+
+
+def test_the_readme_shows_bootstrap_printing_and_submitting():
+    words = [shlex.split(c, comments=True) for c in README_COMMANDS]
+    assert any(w[-1] == "--print" for w in words) and any(w[-1] == "--submit" for w in words)
+
+
+@pytest.mark.parametrize("command", README_COMMANDS)
+def test_readme_bootstrap_command_runs_as_written(command, laid_out):
+    """Typed as the README has it, from a directory laid out like the checkout, with a fake
+    sbatch on PATH: it prints or writes and submits the script, and passes nothing of ours on."""
+    words = shlex.split(command, comments=True)
+    assert words[:3] == ["python", "-m", "bootstrap"], command
+    done = _bootstrap(words[3:], laid_out)
+    assert done.returncode == 0, f"{command}\n{done.stderr}"
+    script_name = Path(next(w for w in words if w.endswith(".py"))).stem + ".sbatch"
+    script = done.stdout if "--print" in words else (laid_out / script_name).read_text()
+    assert script.startswith("#!/bin/bash\n"), done.stdout
+    assert "--print" not in script and "--submit" not in script, script
+    if "--submit" in words:
+        assert done.stdout == "4242\n", done.stderr
+        calls = (laid_out / "bin" / "sbatch.calls").read_text()
+        assert calls == f"--parsable {script_name}\n"

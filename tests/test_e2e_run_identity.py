@@ -17,6 +17,8 @@ import pytest
 from cluster import FIXTURE, REPO, wait_for
 from serving import Serving
 
+from agent.plan.rank_set import parse_rank_set
+
 pytestmark = pytest.mark.e2e
 
 PAIRS = int(os.environ.get("RUN_IDENTITY_PAIRS", "4"))
@@ -58,6 +60,24 @@ def test_a_failed_run_never_reaches_the_run_after_it(two):
         print(f"{PAIRS} pairs in {elapsed:.1f} s")
 
 
+def _stack_groups(text: str) -> list[tuple[list[int], list[str]]]:
+    """`agent stacks` output → (ranks, frame lines) per group (`---- ranks 0-1 (...) ----`)."""
+    groups: list[tuple[list[int], list[str]]] = []
+    for line in text.splitlines():
+        head = re.match(r"---- ranks? ([\d,-]+) \(", line)
+        if head:
+            ranks = parse_rank_set(head.group(1), "stacks")
+            groups.append((list(ranks) if ranks is not None else [], []))
+        elif groups:
+            groups[-1][1].append(line.strip())
+    return groups
+
+
+def test_stack_groups_are_read_back():
+    text = "---- rank 1 (1 rank on h) ----\n  a.py:3 in f\n---- ranks 0,2-3 (3 ranks on h) ----\n"
+    assert _stack_groups(text) == [([1], ["a.py:3 in f"]), ([0, 2, 3], [])]
+
+
 def test_stacks_of_a_finished_run_never_show_the_next_runs_ranks(two, tmp_path):
     first = two.call("run", FIXTURE)
     assert first.returncode == 0, first.stderr
@@ -73,7 +93,15 @@ def test_stacks_of_a_finished_run_never_show_the_next_runs_ranks(two, tmp_path):
         old = two.call("stacks", str(done), timeout=60)
         assert old.returncode != 0 and "is over" in old.stderr, old.stdout + old.stderr
         now = two.call("stacks", str(running), timeout=60)
-        assert now.returncode == 0 and "ranks 0-1 (2 ranks" in now.stdout, now.stdout + now.stderr
+        assert now.returncode == 0, now.stdout + now.stderr
+        # Both of this run's ranks, each in the fixture's wait loop: by function, not by line
+        # (sampled on two lines of the loop, they are two groups of one, and still this run's).
+        groups = _stack_groups(now.stdout)
+        assert sorted(rank for ranks, _ in groups for rank in ranks) == [0, 1], now.stdout
+        for _, frames in groups:
+            assert any(re.search(r"/fixtures/rank\.py:\d+ in <module>$", f) for f in frames), (
+                now.stdout
+            )
     finally:
         flag.touch()
         assert live.wait(60) == 0, live.stderr.read().decode()

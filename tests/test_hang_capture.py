@@ -24,7 +24,7 @@ from agent.hang.capture import FALLBACK_SIGNAL, RankStack, ThreadStack, capture,
 from agent.hang.fallback import parse_faulthandler, registered
 from agent.hang.pyspy import error_line, find_pyspy, parse_dump
 from agent.hang.stacks import MAX_FRAMES, MAX_THREADS
-from agent.run.workers import wrapper_argv
+from agent.run.workers import CHILD_WRAPPER, wrapper_argv
 from agent.warm.zygote import Zygote
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -59,8 +59,9 @@ def start() -> Iterator:
         fallback_dir: str | None = None,
         prefix: tuple[str, ...] = (),
         python: str = sys.executable,
+        target: str = TARGET,
     ) -> int:
-        command = [*prefix, python, TARGET, mode, *([fallback_dir] if fallback_dir else [])]
+        command = [*prefix, python, target, mode, *([fallback_dir] if fallback_dir else [])]
         proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         started.append(proc)
         wait_ready(proc)
@@ -184,32 +185,52 @@ as_nobody = pytest.mark.skipif(
 
 
 @pytest.fixture
-def nobody_bin() -> Iterator[str]:
-    """A directory uid 65534 can use holding py-spy (root's home is closed to it here)."""
+def nobody_dir() -> Iterator[str]:
+    """A directory uid 65534 can use, holding py-spy, the target, the exec wrapper and the agent
+    package: the checkout may sit where other users cannot read (a 0700 home, a `mktemp -d`),
+    and root's home is closed to uid 65534 here. Skipped, with the reason, where uid 65534
+    cannot read it or run this interpreter (a TMPDIR of root's own, a venv in root's home)."""
     bin_dir = tempfile.mkdtemp(prefix="hang-bin-")
-    os.chmod(bin_dir, 0o755)
-    shutil.copy(str(PYSPY), bin_dir)
-    yield bin_dir
-    shutil.rmtree(bin_dir)
+    try:
+        os.chmod(bin_dir, 0o755)
+        shutil.copy(str(PYSPY), bin_dir)
+        shutil.copy(TARGET, bin_dir)
+        shutil.copy(CHILD_WRAPPER, bin_dir)
+        ignore = shutil.ignore_patterns("__pycache__")
+        shutil.copytree(ROOT / "agent", Path(bin_dir) / "agent", ignore=ignore)
+        for path in Path(bin_dir).rglob("*"):  # readable whatever this process's umask
+            path.chmod(0o755 if path.is_dir() or os.access(path, os.X_OK) else 0o644)
+        probe = "import sys; open(sys.argv[1]).close()"
+        target = os.path.join(bin_dir, "hang_target.py")
+        done = subprocess.run(
+            [*NOBODY, sys.executable, "-c", probe, target],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        if done.returncode != 0:
+            why = (done.stderr.strip().splitlines() or ["no message"])[-1]
+            pytest.skip(f"uid 65534 cannot read {bin_dir} or run {sys.executable}: {why}")
+        yield bin_dir
+    finally:
+        shutil.rmtree(bin_dir)
 
 
 @as_nobody
-def test_unprivileged_user_dumps_its_own_ranks(start, nobody_bin):
+def test_unprivileged_user_dumps_its_own_ranks(start, nobody_dir):
     """Rank and capture both as uid 65534 with no capabilities: same-uid ptrace suffices where
     Yama allows it (no Yama, ptrace_scope=0; at 1 ranks must name the agent, see below)."""
-    pid = start("read", prefix=tuple(NOBODY))
+    pid = start("read", prefix=tuple(NOBODY), target=os.path.join(nobody_dir, "hang_target.py"))
     code = "import json, sys; from agent.hang.capture import capture; "
     code += f"print(json.dumps(capture([(0, {pid})], 'n1', timeout={TIMEOUT})[0].to_json()))"
     done = subprocess.run(
         [*NOBODY, sys.executable, "-c", code],
         capture_output=True,
         text=True,
-        cwd=nobody_bin,
-        env={**os.environ, "PYTHONPATH": str(ROOT), "PATH": f"{nobody_bin}{os.pathsep}/usr/bin"},
+        cwd=nobody_dir,  # its copy of the agent package: the checkout may be closed to it
+        env={**os.environ, "PYTHONPATH": nobody_dir, "PATH": f"{nobody_dir}{os.pathsep}/usr/bin"},
         timeout=60,
     )
-    if done.returncode and "Permission denied" in done.stderr:
-        pytest.skip(f"uid 65534 cannot run this interpreter or read the repo: {done.stderr}")
     assert done.returncode == 0, done.stderr
     stack = RankStack.from_json(json.loads(done.stdout))
     if SCOPE is not None and SCOPE >= 1:  # the rank is no descendant of the capture
@@ -220,7 +241,7 @@ def test_unprivileged_user_dumps_its_own_ranks(start, nobody_bin):
 
 @as_nobody
 @pytest.mark.skipif(SCOPE != 1, reason=f"needs Yama ptrace_scope=1 (here: {SCOPE})")
-def test_cold_rank_names_the_agent_as_its_tracer(start, nobody_bin):
+def test_cold_rank_names_the_agent_as_its_tracer(start, nobody_dir):
     """Yama ptrace_scope=1 lets only ancestors trace. A rank started through the exec wrapper
     (agent/run/child.py) names its parent, the agent (here this test), with PR_SET_PTRACER:
     py-spy, the agent's child and the rank's sibling, may attach; to a rank started without
@@ -228,10 +249,12 @@ def test_cold_rank_names_the_agent_as_its_tracer(start, nobody_bin):
     python = next((p for p in ("/usr/bin/python3", "/bin/python3") if os.path.exists(p)), None)
     if python is None:  # the wrapper's exec is uid 65534's own: root's home is closed to it
         pytest.skip("no system python3 for uid 65534 to exec")
-    prefix = (*NOBODY, *wrapper_argv([], strict=True))
-    wrapped = start("read", prefix=prefix, python=python)
-    bare = start("read", prefix=tuple(NOBODY))
-    pyspy = os.path.join(nobody_bin, "py-spy")
+    wrapper = os.path.join(nobody_dir, "child.py")  # the checkout may be closed to uid 65534
+    argv = [wrapper if arg == CHILD_WRAPPER else arg for arg in wrapper_argv([], strict=True)]
+    target = os.path.join(nobody_dir, "hang_target.py")
+    wrapped = start("read", prefix=(*NOBODY, *argv), python=python, target=target)
+    bare = start("read", prefix=tuple(NOBODY), target=target)
+    pyspy = os.path.join(nobody_dir, "py-spy")
     for pid, works in ((wrapped, True), (bare, False)):
         done = subprocess.run(
             [*NOBODY, pyspy, "dump", "--pid", str(pid), "--json"], capture_output=True, timeout=60

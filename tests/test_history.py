@@ -100,8 +100,8 @@ def test_record_from_summary(summary, expect):
 def test_attempt_records():
     attempts = from_summary(SUMMARY_RESTART, NOW).attempts
     assert attempts == (
-        AttemptRecord(0, 100.0, 105.0, 2, 2, 2, ("n2",), (1,), "node 1 (n1): lost"),
-        AttemptRecord(1, 106.0, 120.0, 2, 2, 2, (), (), "rank 1 on n0 (node 0) exit code 3"),
+        AttemptRecord(0, 100.0, 105.0, 2, 2, 1, ("n2",), (1,), "node 1 (n1) lost"),
+        AttemptRecord(1, 106.0, 120.0, 2, 2, 1, (), (), "rank 1 on n0 (node 0) exit code 3"),
     )
     with pytest.raises(AttributeError):
         attempts[0].attempt = 5  # frozen
@@ -340,7 +340,7 @@ def test_cli_lists_shows_and_refuses(tmp_path):
     assert [j["job_id"] for j in last] == ["79"]  # the one that ended last
     shown = cli(tmp_path, "78.0")
     assert shown.returncode == 0, shown.stderr
-    assert "attempts of 78.0" in shown.stdout and "node 1 (n1): lost" in shown.stdout
+    assert "attempts of 78.0" in shown.stdout and "node 1 (n1) lost" in shown.stdout
     assert "spares used: n2" in shown.stdout
     assert cli(tmp_path, "78").stdout == shown.stdout  # JOB: all its runs (one)
     for argv, words in (

@@ -14,6 +14,8 @@ from cluster import REPO
     "argv",
     [
         ["-m", "agent", "--help"],
+        ["-m", "agent", "--version"],
+        ["-m", "agent"],
         ["-m", "agent", "serve", "--help"],
         ["-m", "agent", "run", "--help"],
         ["-m", "agent", "stacks", "--help"],

@@ -116,9 +116,9 @@ def main(argv: Sequence[str], environ: Mapping[str, str], out: TextIO | None = N
         what = "no failed jobs" if command.failed else "no jobs"
         out.write(f"{what} recorded in {', '.join(map(str, where))}\n")
         return 0
-    from agent.history.view import JOB_HEADER, job_rows
+    from agent.history.view import JOB_COLUMNS, job_rows
 
-    _draw(f"{len(jobs)} job(s), oldest first", job_rows(jobs), JOB_HEADER, out)
+    _draw(f"{len(jobs)} job(s), oldest first", job_rows(jobs), JOB_COLUMNS, out)
     return 0
 
 
@@ -133,7 +133,7 @@ def _lookup(where: Sequence[Path], text: str) -> list[Any]:
 
 
 def _show_job(found: list[Any], command: HistoryCommand, out: TextIO) -> int:
-    from agent.history.view import ATTEMPT_HEADER, as_json, attempt_rows, job_facts, name
+    from agent.history.view import ATTEMPT_COLUMNS, as_json, attempt_rows, job_facts, name
 
     if command.as_json:
         json.dump([as_json(s) for s in found], out, indent=1)
@@ -142,7 +142,7 @@ def _show_job(found: list[Any], command: HistoryCommand, out: TextIO) -> int:
     for stored in found:
         out.write("\n".join(job_facts(stored)) + "\n")
         rows = attempt_rows(stored.record.attempts)
-        _draw(f"attempts of {name(stored)}", rows, ATTEMPT_HEADER, out)
+        _draw(f"attempts of {name(stored)}", rows, ATTEMPT_COLUMNS, out)
     return 0
 
 
@@ -156,14 +156,16 @@ def _read(path: Path, job: str | None = None, run: int | None = None) -> list[An
         return []
 
 
-def _draw(title: str, rows: list, header: Sequence[str], out: TextIO) -> None:
-    """As `agent logs --summary` draws its rank table: directly when it fits, else by rich."""
-    from agent.console.rank_table import RankTable
+def _draw(title: str, rows: list, columns: Sequence[Any], out: TextIO) -> None:
+    """As `agent logs --summary` draws its rank table: directly when it fits, else by rich; on
+    a terminal, narrowed to its width first (columns dropped by priority, long texts cut)."""
+    from agent.history.view import fitted_table
 
-    table = RankTable(title, rows, header)
     tty = out.isatty()
     width = shutil.get_terminal_size((100, 24)).columns if tty else 1 << 20
-    lines = table.lines(width)
+    table = fitted_table(title, rows, columns, width)
+    # Too narrow even for the columns never cut (the job id): past the edge, not cut by rich.
+    lines = table.lines(width) or table.lines(1 << 20)
     if lines is not None:
         out.write("\n".join(lines) + "\n")
         return

@@ -22,7 +22,7 @@ class AttemptRecord:
     end: float | None  # the latest rank end
     nodes: int  # nodes that ran ranks
     ranks: int
-    failed: int  # ranks that did not succeed (failed, terminated, lost)
+    failed: int  # ranks that failed or were lost with their node (not those the agents stopped)
     spares: tuple[str, ...]  # hosts that waited as spares in this attempt
     lost_nodes: tuple[int, ...]
     cause: str | None  # this attempt's root cause, one line
@@ -91,7 +91,7 @@ def attempt_record(attempt: Mapping[str, Any], position: int) -> AttemptRecord:
         end=max(ends) if ends else None,
         nodes=len(nodes) or len(ran),
         ranks=sum(1 for r in ranks if _int(r.get("rank"), -1) >= 0),
-        failed=sum(1 for r in ranks if r.get("state") != "succeeded"),
+        failed=sum(1 for r in ranks if r.get("state") not in ("succeeded", "terminated")),
         spares=tuple(_text(h, 256) for h in _list(attempt.get("spares"))[:1000]),
         lost_nodes=tuple(_int(n, -1) for n in _list(attempt.get("lost_nodes"))[:1000]),
         cause=cause_line(attempt.get("root_cause")),
@@ -110,6 +110,8 @@ def cause_line(cause: Any) -> str | None:
         )
     elif cause.get("node_rank") is None:  # not one node's: a join timeout, a mismatch
         text = f"{cause.get('kind') or 'failure'}: {cause.get('how')}"
+    elif cause.get("kind") == "lost":  # `how` is what befell the node: `lost: ...`, `left: ...`
+        text = f"node {cause.get('node_rank')} ({cause.get('host')}) {cause.get('how')}"
     else:
         text = f"node {cause.get('node_rank')} ({cause.get('host')}): {cause.get('how')}"
     return _text(text, TEXT_CAP)
@@ -137,9 +139,12 @@ def _command(value: Any) -> str:
 
 
 def _straggler(value: Any) -> str:
-    if _is_map(value):
-        return _text(f"rank {value.get('rank')} on {value.get('host')}", 256)
-    return _text(value, 256)
+    """`rank 3 on n1`, or `node 1 (n1)` for a whole node that straggles (it has no rank)."""
+    if not _is_map(value):
+        return _text(value, 256)
+    if value.get("rank") is None:
+        return _text(f"node {value.get('node_rank')} ({value.get('host')})", 256)
+    return _text(f"rank {value.get('rank')} on {value.get('host')}", 256)
 
 
 def _text(value: Any, limit: int) -> str:

@@ -9,19 +9,49 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from typing import Any
 
+from agent.console.rank_table import RankTable
 from agent.history.record import AttemptRecord
 from agent.history.store import Stored
 
-JOB_HEADER = (
-    "job", "step", "started", "seconds", "nodes", "ranks", "restarts", "spares used", "exit",
-    "root cause", "command",
-)  # fmt: skip
-ATTEMPT_HEADER = (
-    "attempt", "started", "seconds", "nodes", "ranks", "failed", "spares", "lost nodes", "cause",
-)  # fmt: skip
+
+@dataclass(frozen=True)
+class Column:
+    """A column of a history table and how it gives way when the terminal is narrow."""
+
+    title: str
+    drop: int = 0  # columns go in this order (1 first) until the table fits; 0: never dropped
+    shrink: int = 0  # a text cut (with …) to no fewer cells than this; 0: never cut
+
+
+JOB_COLUMNS = (
+    Column("job"),  # the id to type next: never dropped, never cut
+    Column("step", drop=2),
+    Column("started", drop=8),
+    Column("seconds", drop=6),
+    Column("nodes", drop=4),
+    Column("ranks", drop=5),
+    Column("restarts", drop=3),
+    Column("spares used", drop=1),
+    Column("exit"),
+    Column("root cause", drop=9, shrink=32),
+    Column("command", drop=7, shrink=20),
+)
+ATTEMPT_COLUMNS = (
+    Column("attempt"),
+    Column("started", drop=6),
+    Column("seconds", drop=5),
+    Column("nodes", drop=2),
+    Column("ranks", drop=4),
+    Column("failed", drop=7),
+    Column("spares", drop=1),
+    Column("lost nodes", drop=3),
+    Column("cause", drop=8, shrink=32),
+)
+JOB_HEADER = tuple(c.title for c in JOB_COLUMNS)
+ATTEMPT_HEADER = tuple(c.title for c in ATTEMPT_COLUMNS)
 CELL = 60  # characters of a cause or a command in a table cell (--json has them whole)
 _UNSAFE = re.compile(r"[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
 
@@ -61,6 +91,58 @@ def attempt_rows(attempts: Sequence[AttemptRecord]) -> list[tuple[list[str], str
         )
         for a in attempts
     ]  # fmt: skip
+
+
+def fit(
+    columns: Sequence[Column], rows: Sequence[tuple[list[str], str]], width: int
+) -> tuple[tuple[str, ...], list[tuple[list[str], str]]]:
+    """(header, rows) of a table at most `width` cells wide where it can be: the columns with
+    the lowest `drop` go first until it fits (texts counted at their shortest), then the text
+    columns share the width left, left to right. Never cut: the columns without `shrink`, the
+    job id among them (a table of those alone may be wider than `width`)."""
+    from rich.cells import cell_len
+
+    natural = [
+        max([cell_len(column.title), *(cell_len(cells[i]) for cells, _ in rows)])
+        for i, column in enumerate(columns)
+    ]
+    least = [
+        min(size, max(column.shrink, cell_len(column.title))) if column.shrink else size
+        for column, size in zip(columns, natural, strict=True)
+    ]
+
+    def wide(kept: Sequence[int]) -> int:  # rank_table's layout: "│ a │ b │"
+        return sum(least[i] for i in kept) + 3 * len(kept) + 1
+
+    kept = list(range(len(columns)))
+    for i in sorted((i for i, c in enumerate(columns) if c.drop), key=lambda i: columns[i].drop):
+        if wide(kept) <= width:
+            break
+        kept.remove(i)
+    sizes = {i: least[i] for i in kept}
+    spare = width - wide(kept)
+    for i in kept:  # left to right: the root cause before the command
+        grow = max(0, min(spare, natural[i] - sizes[i]))
+        sizes[i] += grow
+        spare -= grow
+    header = tuple(columns[i].title for i in kept)
+    return header, [([_cut(cells[i], sizes[i]) for i in kept], style) for cells, style in rows]
+
+
+def fitted_table(
+    title: str, rows: Sequence[tuple[list[str], str]], columns: Sequence[Column], width: int
+) -> RankTable:
+    """The table `agent history` draws at `width` (a terminal's; unbounded for a pipe)."""
+    header, fitted = fit(columns, rows, width)
+    return RankTable(title, fitted, header)
+
+
+def _cut(text: str, cells: int) -> str:
+    from rich.cells import cell_len, set_cell_size
+
+    if cell_len(text) <= cells:
+        return text
+    return set_cell_size(text, cells - 1).rstrip(" ") + "…"
 
 
 def job_facts(stored: Stored) -> list[str]:

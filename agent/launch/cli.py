@@ -8,11 +8,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from agent.plan.options import OPTIONS, Option
-from agent.usage import Parser
+from agent.usage import Parser, VersionAction
+
+USAGE = "%(prog)s [OPTIONS] SCRIPT [CONFIG.yml ...] [ARGS ...] [-- ARGS ...]"
 
 _EPILOG = """\
 After SCRIPT, arguments ending in .yml/.yaml are configs (read on node 0 only); everything else,
-and everything after --, goes to the script verbatim. Other commands:
+and everything after --, goes to the script verbatim (an option of the agent's there too, with a
+warning: put it before SCRIPT). Other commands:
   python -m agent logs LOG_DIR [--rank R] [--follow]   show or follow the rank files of a job
   python -m agent exec -- CMD                           run CMD on every node, output collated
   python -m agent doctor                                GPUs, NUMA, NICs, RoCE GIDs, NCCL hints
@@ -33,11 +36,13 @@ class Command:
     script_args: tuple[str, ...]
     overrides: tuple[str, ...]
     dry_run: bool
+    misplaced: tuple[str, ...] = ()  # the agent's own options found after the script (before --)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser() -> Parser:
     parser = Parser(
         prog="python -m agent",
+        usage=USAGE,
         description="Launch and supervise one node's ranks of a PyTorch job.",
         epilog=_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -47,8 +52,20 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--dry-run", action="store_true", help="print the plan for every rank, start nothing"
     )
+    parser.add_argument("--version", action=VersionAction)
     add_script_arguments(parser)
     return parser
+
+
+def usage_text(commands: Sequence[str]) -> str:
+    """What `python -m agent` without arguments prints: the ways to call it, the `commands`
+    (the subcommands) named, and no argparse internals."""
+    prog = "python -m agent"
+    return (
+        f"usage: {USAGE % {'prog': prog}}\n"
+        f"       {prog} {{{','.join(commands)}}} [ARGS ...]\n"
+        f"       {prog} --help | --version\n"
+    )
 
 
 def add_option_flags(parser: argparse.ArgumentParser, options: Sequence[Option]) -> None:
@@ -102,15 +119,56 @@ def add_script_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "script", help="the training script (or module with -m, program with --no-python)"
     )
-    parser.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    rest = parser.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    rest.required = False  # else a missing script is reported as "script, rest"
 
 
-def parse(argv: Sequence[str], parser: argparse.ArgumentParser | None = None) -> Command:
-    ns = (parser or build_parser()).parse_args(list(argv))
+def parse(argv: Sequence[str], parser: Parser | None = None) -> Command:
+    parser = parser or build_parser()
+    ns = parser.parse_args(list(argv))
     configs, script_args = split_rest(ns.rest)
     options = {o.name: getattr(ns, o.name) for o in OPTIONS if hasattr(ns, o.name)}
     dry_run = getattr(ns, "dry_run", False)
-    return Command(options, ns.script, configs, script_args, tuple(ns.overrides), dry_run)
+    misplaced = misplaced_options(ns.rest, own_flags(parser))
+    return Command(
+        options, ns.script, configs, script_args, tuple(ns.overrides), dry_run, misplaced
+    )
+
+
+def own_flags(parser: Parser) -> frozenset[str]:
+    """The long options `parser` takes (one per option of the table, and --dry-run, --set ...):
+    the parser's own, so `agent run`'s warning names only what `agent run` takes. --help and
+    --version aside: a script's own are the likelier meaning after the script."""
+    generic = ("--help", "--version")
+    return frozenset(s for s in parser.flags if s.startswith("--") and s not in generic)
+
+
+def misplaced_options(rest: Sequence[str], flags: frozenset[str]) -> tuple[str, ...]:
+    """The agent's own options among the words after the script, up to `--` (after it a word is
+    the script's by request): each once, in the order given. `--grace=3` is --grace."""
+    found: list[str] = []
+    for token in rest:
+        if token == "--":
+            break
+        name = token.partition("=")[0]
+        if name in flags and name not in found:
+            found.append(name)
+    return tuple(found)
+
+
+def misplaced_warning(command: Command) -> str | None:
+    """One line for options that look like the agent's but go to the script, as torchrun
+    passes them on too: `--console-ranks after the script goes to train.py; put it before the
+    script`; None when there are none."""
+    if not command.misplaced:
+        return None
+    names = ", ".join(command.misplaced)
+    one = len(command.misplaced) == 1
+    return (
+        f"{names} after the script {'goes' if one else 'go'} to {command.script}; put "
+        f"{'it' if one else 'them'} before the script (or after --, to pass "
+        f"{'it' if one else 'them'} on without this warning)"
+    )
 
 
 def split_rest(rest: Sequence[str]) -> tuple[tuple[str, ...], tuple[str, ...]]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -14,7 +15,7 @@ from agent.control.connection import remove
 from agent.control.lifeline import Lifeline
 from agent.control.stacks_service import open_control
 from agent.errors import AgentError, PeerFailed
-from agent.launch.cli import Command
+from agent.launch.cli import Command, misplaced_warning
 from agent.launch.node_start import node_agent, node_world, topology_at
 from agent.node.agent import lost_store_error
 from agent.node.signals import Interrupted
@@ -24,12 +25,16 @@ from agent.run.node_run import Session
 from agent.run.summary import build_summary, job_record, node_failure
 from agent.run.tools import RunTools
 from agent.run.warm_source import WarmSource, preload_modules
+from agent.text import printable
 from agent.world import World
 
 
 def launch(command: Command, environ: Mapping[str, str]) -> int:
     given = {k: v for k, v in command.options.items() if v is not None}
     world, options, environ = node_world(given, environ)
+    warning = misplaced_warning(command)
+    if warning is not None and world.agent_index == 0:  # once for the job, not once per node
+        print(f"agent: warning: {printable(warning, one_line=True)}", file=sys.stderr, flush=True)
     request = Request(
         command.script, command.configs, command.script_args, command.overrides, given
     )

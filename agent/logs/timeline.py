@@ -287,7 +287,9 @@ def cause_words(cause: Mapping[str, Any]) -> str:
         if where is not None
         else _text(cause.get("kind") or "failure")
     )
-    return f"{head}: {_text(cause.get('how'))}"
+    # A lost node's `how` is what befell it (`lost: ...`, `left: ...`): no colon between.
+    joint = " " if where is not None and cause.get("kind") == "lost" else ": "
+    return f"{head}{joint}{_text(cause.get('how'))}"
 
 
 def _straggler_words(entry: Mapping[str, Any]) -> str:

@@ -31,8 +31,7 @@ class Reporter:
         self.world, self.membership, self.names = world, membership, names
         self.lost: dict[int, dict[str, Any]] = {}  # node 0: this attempt's lost-node failures
         self.lost_peers: set[int] = set()  # node 0: every peer it declared lost, for good
-        self.lost_why: dict[int, str] = {}  # node 0: what it said of each
-        self.lost_reason: dict[int, str] = {}  # the same without the node's name
+        self.lost_reason: dict[int, str] = {}  # node 0: what it said of each, e.g. SILENT
         self.scope: Scope | None = None  # the phase a lost peer fails
         self.active: Mapping[int, int] | None = None  # peers counted on → node rank (None: all)
 
@@ -44,7 +43,7 @@ class Reporter:
             # Only a phase that names who it counts on (a lineup, an attempt) hears of old losses.
             carried = [i for i in self.lost_peers if self._counts(i)] if active else []
         for index in carried:
-            self._fail(index, self.lost_why[index], scope)
+            self._fail(index, self.lost_reason[index], scope)
 
     def _counts(self, index: int) -> bool:
         return self.active is None or index in self.active
@@ -61,7 +60,10 @@ class Reporter:
             log.error("could not publish the failure (store lost?): %s", exc)
             return None
         if published["seq"] == 1:
-            log.error("first failure of the job: %s", record.get("how"))
+            said = record.get("how")
+            if record.get("kind") == "lost":  # its `how` does not name the node
+                said = f"node {record.get('node_rank')} ({record.get('host')}) {said}"
+            log.error("first failure of the job: %s", said)
         return published
 
     def peer_silent(self, index: int, reason: str = SILENT) -> None:
@@ -80,21 +82,22 @@ class Reporter:
             reason = f"left: {departed['why']}" if departed else reason
             why = f"{self.names[index]} {reason}"
             self.lost_peers.add(index)
-            self.lost_why[index] = why
             self.lost_reason[index] = reason
             scope = self.scope if self._counts(index) else None
         log.error("%s", why)
         if scope is not None:  # else between runs, or a spare: excluded before the next attempt
-            self._fail(index, why, scope)
+            self._fail(index, reason, scope)
 
-    def _fail(self, index: int, why: str, scope: Scope) -> None:
+    def _fail(self, index: int, reason: str, scope: Scope) -> None:
+        """The record names the node by its fields; `how` is only what befell it (`lost: ...`,
+        `left: ...`), so a reader writes `node 1 (n2) lost: ...` without naming it twice."""
         host = self.world.hosts[index] if index < len(self.world.hosts) else self.names[index]
         node = self.active.get(index, index) if self.active is not None else index
         record = {
             "kind": "lost",
             "node_rank": node,
             "host": host,
-            "how": why,
+            "how": reason,
             "time": time.time(),
             "agent": index,
         }

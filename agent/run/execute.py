@@ -31,7 +31,7 @@ from agent.run.coordinator import Coordination, Coordinator
 from agent.run.lineup import Lineup, seating
 from agent.run.prepare import Prepared, replanned
 from agent.run.roll_call import RollCall
-from agent.run.summary import build_summary, job_record, render_report
+from agent.run.summary import build_summary, cause_line, job_record, render_report
 from agent.run.supervisor import Outcome
 from agent.run.tools import RunTools
 from agent.run.verdict import Verdict, guard_loop, judge
@@ -195,7 +195,7 @@ class Run:
             log.warning(
                 "attempt %d failed (%s); restarting the whole world (%d of %d)",
                 attempt,
-                (verdict.root_cause or {}).get("how"),
+                cause_line(verdict.root_cause) if verdict.root_cause else None,
                 attempt + 1,
                 options.max_restarts,
             )

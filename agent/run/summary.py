@@ -197,4 +197,9 @@ def cause_line(cause: Mapping[str, Any]) -> str:
         return str(cause.get("how")) + (f" (last: {cause_line(failure)})" if failure else "")
     if cause.get("kind") == "rank":
         return f"rank {cause.get('rank')} on {cause.get('host')} (node {cause.get('node_rank')}) {cause.get('how')}"
-    return f"node {cause.get('node_rank')} ({cause.get('host')}): {cause.get('how')}"
+    if cause.get("node_rank") is None:  # not one node's: a join timeout, a mismatch
+        return f"{cause.get('kind') or 'failure'}: {cause.get('how')}"
+    node = f"node {cause.get('node_rank')} ({cause.get('host')})"
+    if cause.get("kind") == "lost":  # `how` is what befell the node: `lost: ...`, `left: ...`
+        return f"{node} {cause.get('how')}"
+    return f"{node}: {cause.get('how')}"

@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from agent.errors import AgentError, ExitCode
+from agent.launch.cli import misplaced_warning
 from agent.plan.client_env import client_env
 from agent.serve import client, pdb_terminal
 from agent.serve.cli import parse_client
@@ -17,6 +18,9 @@ from agent.text import printable
 
 def main(action: str, argv: Sequence[str], environ: Mapping[str, str]) -> int:
     command = parse_client(action, argv)  # --help and usage errors before any connection
+    warning = misplaced_warning(command.run) if command.run is not None else None
+    if warning is not None:  # here, once: node 0 parses the run again, silently
+        print(f"agent: warning: {printable(warning, one_line=True)}", file=sys.stderr, flush=True)
     home = Path.home()
     log_dir = command.log_dir if command.serve_file == _control(command.log_dir) else None
     if log_dir is not None and not os.path.isfile(_control(log_dir)):
