@@ -49,8 +49,6 @@ class StackDesk:
         threading.Thread(target=self._answer, name="stacks", daemon=True).start()
 
     def _answer(self) -> None:
-        from agent.hang.capture import capture
-
         side = self.scope.on(self.scope.store.another_client())
         number = 1
         with contextlib.suppress(Exception):  # the store went away: the attempt is over
@@ -66,15 +64,40 @@ class StackDesk:
                         side.put(self.answer_name(number), answer)
                     number += 1
                     continue
-                stacks = capture(
-                    self.ranks(),
-                    self.host,
+                stacks = self._stacks(
                     native=bool(request.get("native")),
                     timeout=float(request.get("timeout", 2.0)),
-                    fallback_dir=self.fallback_dir,
                 )
                 side.put(f"stacks/{number}/{self.scope.index}", _answer(stacks))
                 number += 1
+
+    def _stacks(self, native: bool, timeout: float) -> list[RankStack]:
+        """This node's live ranks' stacks, each with its flight recorder where its probe
+        answers (asked at once, beside the stack capture)."""
+        from agent.hang.capture import capture
+        from agent.hang.recorder import RankRecorder, ask_all
+
+        ranks = self.ranks()
+        answers: dict[int, dict[str, Any]] = {}
+        asking = None
+        if self.fallback_dir and ranks:
+            directory = self.fallback_dir
+
+            def probe() -> None:
+                answers.update(ask_all(directory, ranks))
+
+            asking = threading.Thread(target=probe, name="probes", daemon=True)
+            asking.start()
+        stacks = capture(
+            ranks, self.host, native=native, timeout=timeout, fallback_dir=self.fallback_dir
+        )
+        if asking is None:
+            return stacks
+        asking.join()
+        return [
+            replace(s, recorder=RankRecorder.from_json(answers[s.rank])) if s.rank in answers else s
+            for s in stacks
+        ]
 
     def ask(self, native: bool = False, timeout: float = 2.0) -> list[RankStack]:
         """Node 0: every node's answer (nodes that did not answer in time are named)."""

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from agent.console.view import ConsoleView
 from agent.hang.desk import StackDesk
 from agent.hang.fallback import fallback_path, private_dir
+from agent.hang.recorder import forget, probe_env
 from agent.hang.watch import HangWatch
 from agent.metrics.recorder import RunMetrics
 from agent.node.events import AbortSeen, StoreLost
@@ -128,6 +129,8 @@ class NodeAttempt:
                 host=world.host,
             )
         warm = None if plan.options.cold else tools.warm_enabled
+        directory = private_dir() if plan.options.flight_recorder else None
+        probes = probe_env(directory, self.environ)
 
         # Waited for here, where a stop signal still interrupts (not in the supervisor's start).
         zygote = warm.usable(self.environ, wait=WARM_WAIT) if warm is not None else None
@@ -135,7 +138,7 @@ class NodeAttempt:
         def start() -> list[workers.Worker]:
             started = tools.spawn(
                 specs,
-                {**self.environ, **pauses.env()},
+                {**self.environ, **pauses.env(), **probes},
                 console.router,
                 prefix_for=console.prefix,
                 console=console.shows,
@@ -181,8 +184,11 @@ def _live(sup: Supervisor) -> list[tuple[int, int]]:
 
 
 def _forget_dumps(sup: Supervisor) -> None:
-    """Warm ranks' faulthandler dump files (agent.hang.fallback) end with their ranks."""
+    """Warm ranks' faulthandler dump files (agent.hang.fallback) and every rank's probe socket
+    (agent.hang.recorder) end with their ranks."""
     directory = private_dir()
-    for worker in getattr(sup, "workers", []) if directory else ():
+    pids = [worker.proc.pid for worker in getattr(sup, "workers", [])]
+    for pid in pids if directory else ():
         with contextlib.suppress(OSError):
-            os.unlink(fallback_path(directory, worker.proc.pid))
+            os.unlink(fallback_path(directory, pid))
+    forget(directory, pids)

@@ -79,6 +79,14 @@ class Run:
         coordinator = self.coordinator
         return coordinator.pauses if coordinator is not None and coordinator.serving else None
 
+    def ended_ranks(self) -> dict[int, int]:
+        """Node 0: the attempt's ranks that exited → their exit codes, as the nodes said."""
+        coordinator = self.coordinator
+        if coordinator is None or not coordinator.serving:
+            return {}
+        standings = list(coordinator.standings.values())
+        return {e.rank: e.returncode for s in standings for e in s.ended}
+
     def lost(self) -> dict[int, str]:
         """Node 0: agents out of the job → why (excluded earlier, or lost)."""
         return {**self._excluded, **self.seat.lost()}
