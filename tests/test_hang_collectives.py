@@ -19,6 +19,7 @@ from agent.hang.recorder import (
     RankRecorder,
     ask,
     probe_env,
+    with_probe,
 )
 
 WORLD = (0, 1, 2, 3)
@@ -215,3 +216,16 @@ def test_the_probes_of_a_deadlock_by_order_name_who_never_came(tmp_path):
         "rank 3 entered all_reduce #1 on group 1 (ranks 2,3) ([2, 3] Float); rank 2 has entered "
         "none on it and waits in all_reduce #4 on default_pg",
     ], recorders
+
+
+def test_the_probe_env_is_added_once_and_a_zygote_prepared_with_it_fits_the_ranks():
+    """A warm interpreter fits only ranks whose import-time environment (PYTHONPATH included)
+    is its own: the node's environment, the run's and the ranks' carry the probe alike."""
+    from agent.warm.command import import_fingerprint
+
+    node = with_probe({"PYTHONPATH": "/site", "HOME": "/h"}, True)
+    run = with_probe({**node, "FROM_CLIENT": "1"}, True)  # a run's env over the node's, again
+    assert run["PYTHONPATH"] == f"{PROBE_DIR}{os.pathsep}/site" == node["PYTHONPATH"]
+    rank = {**run, **probe_env("/private", run), "RANK": "3"}
+    assert import_fingerprint(rank) == import_fingerprint(node)
+    assert with_probe({"PYTHONPATH": "/site"}, False) == {"PYTHONPATH": "/site"}

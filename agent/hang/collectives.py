@@ -84,18 +84,21 @@ def _group_lines(
     if top == 0 or not waiting:
         return []
     label = next(iter(mine.values())).label()
-    members = sorted({r for g in mine.values() for r in g.ranks} | set(mine))
+    # Every member names the same members (torch's group): one list, and who answered for it.
+    members = sorted(set(max((g.ranks for g in mine.values()), key=len)) | set(mine))
     shapes = {r: mine[r].at(top) for r in waiting}
     known = Counter((c.op, c.shape) for c in shapes.values() if c is not None)
     (op, shape), _ = known.most_common(1)[0] if known else (("a collective", ""), 0)
     same = [
         r for r in waiting if shapes[r] is None or (shapes[r].op, shapes[r].shape) == (op, shape)
     ]
-    odd = [r for r in waiting if r not in same]
+    alike = set(same)
+    odd = [r for r in waiting if r not in alike]
     lines = [f"{_who(same)} entered {op} #{top} on {label}" + (f" ({shape})" if shape else "")]
     behind: dict[str, list[int]] = {}
+    entered = set(waiting)
     for rank in members:
-        if rank in waiting:
+        if rank in entered:
             continue
         if rank in mine and mine[rank].entered >= top:
             continue  # it completed #top already: not behind

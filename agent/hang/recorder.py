@@ -29,11 +29,24 @@ MAX_SEQ = 2**62
 
 def probe_env(directory: str | None, environ: Mapping[str, str]) -> dict[str, str]:
     """What a node's ranks need to start the probe: its directory first on PYTHONPATH (Python
-    imports its sitecustomize at start-up) and where to listen."""
+    imports its sitecustomize at start-up) and where to listen. Idempotent."""
     if not directory:
         return {}
     path = environ.get("PYTHONPATH", "")
+    if path == PROBE_DIR or path.startswith(PROBE_DIR + os.pathsep):
+        return {DIR_ENV: directory}
     return {DIR_ENV: directory, "PYTHONPATH": PROBE_DIR + (os.pathsep + path if path else "")}
+
+
+def with_probe(environ: Mapping[str, str], enabled: bool) -> dict[str, str]:
+    """A node's or a run's environment for its ranks, with the probe when `enabled`. The warm
+    interpreter is prepared with the same one: PYTHONPATH is what a zygote must share with the
+    ranks it forks (agent.warm.command)."""
+    if not enabled:
+        return dict(environ)
+    from agent.hang.fallback import private_dir
+
+    return {**environ, **probe_env(private_dir(), environ)}
 
 
 def ask(directory: str, pid: int, timeout: float = ASK_TIMEOUT) -> dict[str, Any]:

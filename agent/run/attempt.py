@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from agent.console.view import ConsoleView
 from agent.hang.desk import StackDesk
 from agent.hang.fallback import fallback_path, private_dir
-from agent.hang.recorder import forget, probe_env
+from agent.hang.recorder import forget
 from agent.hang.watch import HangWatch
 from agent.metrics.recorder import RunMetrics
 from agent.node.events import AbortSeen, StoreLost
@@ -129,8 +129,6 @@ class NodeAttempt:
                 host=world.host,
             )
         warm = None if plan.options.cold else tools.warm_enabled
-        directory = private_dir() if plan.options.flight_recorder else None
-        probes = probe_env(directory, self.environ)
 
         # Waited for here, where a stop signal still interrupts (not in the supervisor's start).
         zygote = warm.usable(self.environ, wait=WARM_WAIT) if warm is not None else None
@@ -138,7 +136,7 @@ class NodeAttempt:
         def start() -> list[workers.Worker]:
             started = tools.spawn(
                 specs,
-                {**self.environ, **pauses.env(), **probes},
+                {**self.environ, **pauses.env()},
                 console.router,
                 prefix_for=console.prefix,
                 console=console.shows,

@@ -16,6 +16,7 @@ from typing import Any
 
 from agent.errors import ExitCode
 from agent.hang.desk import StackDesk
+from agent.hang.recorder import with_probe
 from agent.metrics.recorder import RunMetrics
 from agent.node import stage as stages
 from agent.node.scope import Scope
@@ -60,7 +61,9 @@ class Run:
         self.seat, self.stage, self.prepared, self.tools = seat, stage, prepared, tools
         self.roster = roster
         self.metrics = metrics if metrics is not None else RunMetrics()
-        self.environ = {**seat.environ, **(prepared.plan.env or {})}  # a client's, over the node's
+        # A client's env over the node's; the flight-recorder probe's for the ranks and the zygote.
+        environ = {**seat.environ, **(prepared.plan.env or {})}
+        self.environ = with_probe(environ, prepared.plan.options.flight_recorder)
         self.seatings: list[dict[str, Any]] = []  # node 0: ranks.json
         self.attempt: NodeAttempt | None = None  # this node's share of the running attempt
         self.coordinator: Coordinator | None = None  # node 0: the attempt's job services
