@@ -296,3 +296,58 @@ def test_the_live_table_shows_a_paused_rank_as_paused():
     view.paused = lambda: {1}
     view.stop()
     assert "paused (pdb)" in screen.getvalue() and "HUNG?" not in screen.getvalue()
+
+
+class _Session:
+    """What DebugService asks of node 0's session: the attempt's pause desk."""
+
+    def __init__(self, pauses: PauseDesk) -> None:
+        self.pauses = pauses
+
+
+def _service_pair(nodes):
+    """A client's channel to node 0's DebugService (a real channel over a socket pair), the
+    service answering on a thread of its own as node 0's endpoint would."""
+    import socket
+    import threading
+
+    from agent.control.channel import CLIENT, SERVER, Channel
+    from agent.control.debug_service import DebugService
+
+    key = os.urandom(32)
+    mine, theirs = socket.socketpair()
+    client = Channel(mine, key, CLIENT, "node 0", 30.0)
+    server = Channel(theirs, key, SERVER, "client", 30.0)
+    service = DebugService(_Session(nodes.desks[0]))
+
+    def serve(first: dict) -> threading.Thread:
+        thread = threading.Thread(target=service.handle, args=(server, first), daemon=True)
+        thread.start()
+        return thread
+
+    return client, serve
+
+
+@pytest.mark.parametrize("size", [1_500_000, 9_000_000])  # P7: over a frame; P8: over a value
+def test_a_pdb_line_over_the_limit_is_refused_and_the_rank_stays_paused(nodes, tmp_path, size):
+    script = tmp_path / "train.py"
+    script.write_text("x = 40 + 2\nbreakpoint()\nprint('after', x)\n")
+    rank = nodes.rank(str(script))
+    nodes.wait_paused()
+    client, serve = _service_pair(nodes)
+    command = {"op": "debug", "action": "command", "ranks": [1], "line": "p '" + "y" * size}
+    serve(command).join(30)
+    refused = client.recv(30)
+    assert refused["code"] == 2 and "limit" in refused["error"] and "\n" not in refused["error"]
+    serve({"op": "debug", "action": "attach", "rank": 1, "client": "test"})
+    assert client.recv(30)["attached"]["rank"] == 1
+    client.send({"line": "p '" + "y" * size + "'"})
+    answer = client.recv(30)
+    assert answer["state"] == PROMPT and answer["output"].count("\n") == 1
+    assert "refused" in answer["output"] and "stays paused" in answer["output"]
+    client.send({"line": "p x"})
+    assert client.recv(30) == {"output": "42\n", "state": PROMPT}  # the same session goes on
+    client.send({"line": "c"})
+    assert client.recv(30)["state"] == GONE
+    out, err = rank.communicate(timeout=30)
+    assert (rank.returncode, out) == (0, "after 42\n"), err

@@ -8,6 +8,8 @@ Requests ({"op": "debug", "action": ...}, optionally "run": the run of LOG_DIR's
   {"line"} or {"take"} → {"output", "state"} until the client leaves ({"detach"} or closing it).
   One client per rank: a second is refused with the first one's name; a client that goes away
   (Ctrl-D, Ctrl-], killed) leaves the rank paused and free.
+A pdb line over agent.pause.frames.MAX_LINE characters is refused with one line (`-c`: an error;
+a session: that line as the output, pdb still at its prompt): it never reaches the rank.
 """
 
 from __future__ import annotations
@@ -17,8 +19,8 @@ from typing import Any
 
 from agent.control import wire
 from agent.pause.desk import PauseDesk
-from agent.pause.link import BUSY, GONE
-from agent.pause.paused import Paused
+from agent.pause.link import BUSY, GONE, PROMPT
+from agent.pause.paused import Paused, line_refused
 from agent.plan.rank_set import format_ranges
 from agent.run.node_run import Session
 
@@ -67,6 +69,9 @@ class DebugService:
         line = message.get("line")
         if not isinstance(line, str) or "\n" in line.rstrip("\n"):
             return {"error": "-c takes one pdb command", "code": 2}
+        refused = line_refused(line)
+        if refused is not None:
+            return {"error": refused.removeprefix("[agent] "), "code": 2}
         paused = {p.rank for p in paused_ranks(pauses)}
         asked = message.get("ranks")
         wanted = paused if asked == "all" else {r for r in _ints(asked) if r in paused}
@@ -120,6 +125,10 @@ class DebugService:
             if message is None or message.get("detach"):
                 return
             line = message.get("line")
+            refused = line_refused(line) if isinstance(line, str) else None
+            if refused is not None:  # pdb still waits at its prompt: the client may try again
+                channel.send({"output": refused + "\n", "state": PROMPT})
+                continue
             if isinstance(line, str):
                 request = {"op": "send", "ranks": [rank], "line": line, "wait": ATTACHED_WAIT}
             else:

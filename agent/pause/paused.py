@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from agent.pause.frames import MAX_LINE
 from agent.plan.rank_set import format_ranges
 
 MAX_TEXT = 512
@@ -53,6 +54,16 @@ class Paused:
             _text(data.get("function")),
             _text(data.get("reason")),
         )
+
+
+def line_refused(line: str) -> str | None:
+    """Why a pdb line is not sent to a rank (one line), or None: it may go."""
+    if len(line) <= MAX_LINE:
+        return None
+    return (
+        f"[agent] line refused: {len(line):,} characters, pdb lines are limited to "
+        f"{MAX_LINE:,}; the rank stays paused"
+    )
 
 
 def console_line(paused: Paused, log_dir: str) -> str:
