@@ -87,7 +87,7 @@ class NodeAttempt:
             world.host,
             private_dir(),
             stage,
-            lambda paused: console.note(console_line(paused, plan.log_dir)),
+            lambda paused, pid: console.note(console_line(paused, plan.log_dir, pid)),
         )
         pauses.start()
         console.show_paused(pauses.paused_ranks)

@@ -156,13 +156,15 @@ class Run:
                     if outcome.store_lost:
                         log.error("%s", outcome.store_lost)
                         return _signal_code(outcome) or int(ExitCode.RENDEZVOUS)
-                    scope.put(f"result/{me}", _result(outcome))
+                    result = _result(outcome)
+                    scope.put(f"result/{me}", result)
                     if coordinator is not None:
                         decision = self._decide(
                             prepared, scope, attempt, roster, history, outcome, coordinator
                         )
                     else:
-                        decision = await_verdict(scope, seat.events, f"result/{me}")
+                        own = (f"result/{me}", result)
+                        decision = await_verdict(scope, seat.events, own)
                 finally:
                     if coordinator is not None:
                         coordinator.close()
