@@ -223,9 +223,9 @@ def test_the_probe_env_is_added_once_and_a_zygote_prepared_with_it_fits_the_rank
     is its own: the node's environment, the run's and the ranks' carry the probe alike."""
     from agent.warm.command import import_fingerprint
 
-    node = with_probe({"PYTHONPATH": "/site", "HOME": "/h"}, True)
-    run = with_probe({**node, "FROM_CLIENT": "1"}, True)  # a run's env over the node's, again
+    node = with_probe({"PYTHONPATH": "/site", "HOME": "/h"}, "/private")
+    run = with_probe({**node, "FROM_CLIENT": "1"}, "/private")  # a run's env over the node's
     assert run["PYTHONPATH"] == f"{PROBE_DIR}{os.pathsep}/site" == node["PYTHONPATH"]
     rank = {**run, **probe_env("/private", run), "RANK": "3"}
     assert import_fingerprint(rank) == import_fingerprint(node)
-    assert with_probe({"PYTHONPATH": "/site"}, False) == {"PYTHONPATH": "/site"}
+    assert with_probe({"PYTHONPATH": "/site"}, None) == {"PYTHONPATH": "/site"}

@@ -38,15 +38,11 @@ def probe_env(directory: str | None, environ: Mapping[str, str]) -> dict[str, st
     return {DIR_ENV: directory, "PYTHONPATH": PROBE_DIR + (os.pathsep + path if path else "")}
 
 
-def with_probe(environ: Mapping[str, str], enabled: bool) -> dict[str, str]:
-    """A node's or a run's environment for its ranks, with the probe when `enabled`. The warm
-    interpreter is prepared with the same one: PYTHONPATH is what a zygote must share with the
-    ranks it forks (agent.warm.command)."""
-    if not enabled:
-        return dict(environ)
-    from agent.hang.fallback import private_dir
-
-    return {**environ, **probe_env(private_dir(), environ)}
+def with_probe(environ: Mapping[str, str], directory: str | None) -> dict[str, str]:
+    """A node's or a run's environment for its ranks, with the probe listening in `directory`
+    (the agent's private one; None: no probe). The warm interpreter is prepared with the same
+    one: PYTHONPATH is what a zygote must share with the ranks it forks (agent.warm.command)."""
+    return {**environ, **probe_env(directory, environ)}
 
 
 def ask(directory: str, pid: int, timeout: float = ASK_TIMEOUT) -> dict[str, Any]:

@@ -16,6 +16,7 @@ from typing import Any
 
 from agent.errors import ExitCode
 from agent.hang.desk import StackDesk
+from agent.hang.fallback import private_dir
 from agent.hang.recorder import with_probe
 from agent.metrics.recorder import RunMetrics
 from agent.node import stage as stages
@@ -63,7 +64,8 @@ class Run:
         self.metrics = metrics if metrics is not None else RunMetrics()
         # A client's env over the node's; the flight-recorder probe's for the ranks and the zygote.
         environ = {**seat.environ, **(prepared.plan.env or {})}
-        self.environ = with_probe(environ, prepared.plan.options.flight_recorder)
+        probes = private_dir() if prepared.plan.options.flight_recorder else None
+        self.environ = with_probe(environ, probes)
         self.seatings: list[dict[str, Any]] = []  # node 0: ranks.json
         self.attempt: NodeAttempt | None = None  # this node's share of the running attempt
         self.coordinator: Coordinator | None = None  # node 0: the attempt's job services

@@ -75,11 +75,9 @@ def answer() -> dict:
 
 
 def _groups(dist) -> list[dict]:
-    import pickle
-
     c10d = dist.distributed_c10d
-    dump = getattr(sys.modules["torch"]._C._distributed_c10d, "_dump_fr_trace", None)
-    trace = pickle.loads(dump(True, False, False)) if dump is not None else {}
+    dump = getattr(sys.modules["torch"]._C._distributed_c10d, "_dump_fr_trace_json", None)
+    trace = json.loads(dump(True, False)) if dump is not None else {}
     status = trace.get("pg_status") or {}
     entries: dict[str, list] = {}
     for entry in trace.get("entries") or ():
