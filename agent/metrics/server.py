@@ -271,8 +271,8 @@ class MetricsServer:
     def _tell_short(self, why: str) -> None:
         if not self._short:  # once per shortage
             log.warning(
-                "metrics: %s; scrapes are turned away until descriptors are freed (the "
-                "open-files limit, `ulimit -n`, is nearly spent)",
+                "metrics: %s; /metrics takes no more connections until descriptors are freed "
+                "(the open-files limit, `ulimit -n`, is nearly spent)",
                 why,
             )
         self._short = why
