@@ -149,10 +149,13 @@ def _show_job(found: list[Any], command: HistoryCommand, out: TextIO) -> int:
 def _read(path: Path, job: str | None = None, run: int | None = None) -> list[Any]:
     from agent.history.store import read
 
+    def warn(line: str) -> None:
+        print(f"agent: warning: {line}", file=sys.stderr)
+
     try:
-        return read(path, job, run)
+        return read(path, job, run, warn)
     except sqlite3.Error as exc:
-        print(f"agent: warning: cannot read the history in {path} ({exc})", file=sys.stderr)
+        warn(f"cannot read the history in {path} ({exc})")
         return []
 
 

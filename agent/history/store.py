@@ -106,6 +106,7 @@ def _append_at(
     SQLite's own busy handler does not cover every case (switching a new database to WAL while
     another connection creates it answers "locked" at once)."""
     _make_dir(path.parent, private, uid)
+    _keep_private(path, uid)
     deadline = time.monotonic() + busy
     pause = 0.01
     while True:
@@ -140,7 +141,8 @@ def _append_once(path: Path, record: JobRecord, cap: int, busy: float) -> None:
         for statement in _SCHEMA:
             con.execute(statement)
         (last,) = con.execute(
-            "SELECT max(run) FROM jobs WHERE job_id = ?", (record.job_id,)
+            "SELECT max(run) FROM jobs WHERE job_id = ? AND typeof(run) = 'integer'",
+            (record.job_id,),
         ).fetchone()
         job = con.execute(
             "INSERT INTO jobs (job_id, run, step, command, start_time, end_time, nodes, ranks, "
@@ -222,9 +224,42 @@ def _make_dir(path: Path, private: bool, uid: int) -> None:
             raise OSError(f"{path} is not a directory of user {uid}")
 
 
-def read(path: Path, job_id: str | None = None, run: int | None = None) -> list[Stored]:
+def _keep_private(path: Path, uid: int) -> None:
+    """The database 0600 before SQLite opens it (every command line of this user is in it):
+    SQLite gives its -wal, -shm and -journal the database's mode. Files an older version left
+    readable by others are made private too."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)  # empty: a new database
+    try:
+        _private(fd, uid)
+    finally:
+        os.close(fd)
+    for suffix in ("-wal", "-shm", "-journal"):
+        try:
+            fd = os.open(f"{path}{suffix}", os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:  # none (the usual case), or not a file to touch
+            continue
+        try:
+            _private(fd, uid)
+        finally:
+            os.close(fd)
+
+
+def _private(fd: int, uid: int) -> None:
+    st = os.fstat(fd)
+    if stat.S_ISREG(st.st_mode) and st.st_uid == uid and st.st_mode & 0o077:
+        os.fchmod(fd, 0o600)
+
+
+def read(
+    path: Path,
+    job_id: str | None = None,
+    run: int | None = None,
+    warn: Callable[[str], None] | None = None,
+) -> list[Stored]:
     """Every job in the database (or those of `job_id`, and `run`), oldest first; none when the
-    file does not exist. sqlite3.Error when it cannot be read."""
+    file does not exist. sqlite3.Error when it cannot be read. SQLite keeps any type in any
+    column: a row whose job id, run, times or exit code are not what this module writes is
+    skipped (one `warn` line for them all); any other odd value is shown as what fits."""
     if not path.is_file():
         return []
     con = sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True, timeout=BUSY_TIMEOUT)
@@ -242,7 +277,8 @@ def read(path: Path, job_id: str | None = None, run: int | None = None) -> list[
             f"{where} ORDER BY id",
             args,
         ).fetchall()
-        attempts: dict[int, list[AttemptRecord]] = {}
+        attempts: dict[object, list[AttemptRecord]] = {}
+        skipped = 0
         if job_id is not None:  # the attempts are shown for one job only
             for row in con.execute(
                 "SELECT job, attempt, start_time, end_time, nodes, ranks, failed, spares, "
@@ -250,30 +286,95 @@ def read(path: Path, job_id: str | None = None, run: int | None = None) -> list[
                 f"{where}) ORDER BY job, attempt",
                 args,
             ):
-                attempts.setdefault(row[0], []).append(
-                    AttemptRecord(*row[1:7], tuple(_json(row[7])), tuple(_json(row[8])), row[9])
-                )
+                attempt = _attempt_from_row(row[1:])
+                if attempt is None:
+                    skipped += 1
+                else:
+                    attempts.setdefault(row[0], []).append(attempt)
     finally:
         con.close()
-    return [
-        Stored(
-            row[1],
-            JobRecord(
-                job_id=row[2], step=row[3] or "", command=row[4] or "", start=row[5],
-                end=row[6], nodes=row[7], ranks=row[8], spares_used=tuple(_json(row[9])),
-                exit_code=row[10], status=row[11], cause=row[12], restarts=row[13],
-                stragglers=tuple(_json(row[14])), log_dir=row[15] or "",
-                attempts=tuple(attempts.get(row[0], ())),
-            ),
-        )
-        for row in jobs
-    ]  # fmt: skip
+    found = []
+    for row in jobs:
+        stored = _job_from_row(row[1:], tuple(attempts.get(row[0], ())))
+        if stored is None:
+            skipped += 1
+        else:
+            found.append(stored)
+    if skipped and warn is not None:
+        warn(f"{skipped} row(s) of {path} skipped: not as agent history writes them")
+    return found
 
 
-def _json(text: str | None) -> list:
+def _job_from_row(row: Sequence[object], attempts: tuple[AttemptRecord, ...]) -> Stored | None:
+    """A jobs row (from `run` on) as read back; None when what identifies or orders it (job id,
+    run, times, exit code) does not fit."""
+    (run, job_id, step, command, start, end, nodes, ranks, spares, exit_code, status, cause,
+     restarts, stragglers, log_dir) = row  # fmt: skip
+    start, end = _time(start), _time(end)
+    if not isinstance(job_id, str) or not _is_int(run) or start is None or end is None:
+        return None
+    if not _is_int(exit_code):
+        return None
+    return Stored(
+        run,  # type: ignore[arg-type]  # checked above
+        JobRecord(
+            job_id=job_id, step=_text(step), command=_text(command), start=start, end=end,
+            nodes=_count(nodes), ranks=_count(ranks), spares_used=_texts(spares),
+            exit_code=exit_code,  # type: ignore[arg-type]  # checked above
+            status=_text(status), cause=_text(cause) or None, restarts=_count(restarts),
+            stragglers=_texts(stragglers), log_dir=_text(log_dir), attempts=attempts,
+        ),
+    )  # fmt: skip
+
+
+def _attempt_from_row(row: Sequence[object]) -> AttemptRecord | None:
+    """An attempts row (from `attempt` on); None when its number does not fit."""
+    attempt, start, end, nodes, ranks, failed, spares, lost_nodes, cause = row
+    if not _is_int(attempt):
+        return None
+    lost = tuple(n for n in _json(lost_nodes) if _is_int(n))
+    return AttemptRecord(
+        attempt, _time(start), _time(end), _count(nodes), _count(ranks), _count(failed),  # type: ignore[arg-type]
+        _texts(spares), lost, _text(cause) or None,
+    )  # fmt: skip
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _count(value: object) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+LATEST = 1e11  # seconds since the epoch: year 5138; beyond, localtime() overflows
+
+
+def _time(value: object) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if 0 <= value < LATEST else None  # NaN fails both
+
+
+def _text(value: object) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return str(value)
+
+
+def _texts(value: object) -> tuple[str, ...]:
+    """A JSON list of names, as written by append; what is not a name is left out."""
+    return tuple(v for v in _json(value) if isinstance(v, str))
+
+
+def _json(text: object) -> list:
+    if not isinstance(text, (str, bytes)):
+        return []
     try:
         value = json.loads(text or "[]")
-    except ValueError:
+    except (ValueError, RecursionError):  # UnicodeDecodeError included; [[[[... nested deep
         return []
     return value if isinstance(value, list) else []
 

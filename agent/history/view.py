@@ -149,7 +149,7 @@ def job_facts(stored: Stored) -> list[str]:
     """The lines above one job's attempt table."""
     r = stored.record
     lines = [
-        f"job {name(stored)} (step {safe(r.step) or '-'}): {r.status}, exit {r.exit_code}, "
+        f"job {name(stored)} (step {safe(r.step) or '-'}): {safe(r.status)}, exit {r.exit_code}, "
         f"{r.restarts} restart(s), {r.nodes} node(s), {r.ranks} rank(s)",
         f"  command: {safe(r.command, 1000) or '-'}",
         f"  started {when(r.start)}, ended {when(r.end)} ({seconds(r.start, r.end)} s)",
