@@ -129,7 +129,7 @@ def test_max_config_bytes_bounds_every_config_read(tmp_path):
         (
             {},
             {
-                "TORCH_FR_BUFFER_SIZE": "2000",
+                "TORCH_FR_BUFFER_SIZE": "200",
                 "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
                 "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": "/logs/nccl-trace.a2.rank-",
             },
@@ -151,7 +151,7 @@ def test_nccl_flight_recorder_defaults_never_override_the_user(inherited, expect
 
 def test_older_torch_gets_the_old_buffer_name_only():
     env = flight_recorder("/logs", 0, {}, "TORCH_NCCL_TRACE_BUFFER_SIZE")
-    assert env["TORCH_NCCL_TRACE_BUFFER_SIZE"] == "2000" and "TORCH_FR_BUFFER_SIZE" not in env
+    assert env["TORCH_NCCL_TRACE_BUFFER_SIZE"] == "200" and "TORCH_FR_BUFFER_SIZE" not in env
 
 
 def test_this_torch_reads_the_new_name():

@@ -215,7 +215,7 @@ def one_job(
             how = json.loads(summary_path.read_text())["root_cause"]["how"]
         # The recorders' finding first (which collective, who never came), then the stacks'.
         want = f"hang: no progress for {HANG_TIMEOUT:g} s from the {world} ranks still running; "
-        behind = f"; rank {lone} last entered #"
+        behind = "entered all_reduce #"  # the recorders: where ranks 0..N-2 wait, for whom
         result.update(
             {
                 "ok": summary_at is not None,

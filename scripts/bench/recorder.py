@@ -4,7 +4,7 @@ them costs node 0.
 - A rank's start: `python -c pass` with the probe on the path (its sitecustomize, one thread,
   one unix socket) against without, in one run, alternating.
 - A collective: 2 local gloo ranks run ALLREDUCES small all_reduces with torch's recorder at the
-  agent's default buffer (2000) and with it off (TORCH_FR_BUFFER_SIZE=0), alternating.
+  agent's default buffer (200) and with it off (TORCH_FR_BUFFER_SIZE=0), alternating.
 - Node 0's collation: synthetic recorders of 32,768 ranks (4,096 nodes × 8; a deadlock by order
   in a world group and pair groups) through agent.hang.collectives.findings.
 """
@@ -108,9 +108,9 @@ def run(reps: int, work: Path, log) -> dict[str, Any]:
             starts["with the probe"].append(_start(True, Path(probe_dir)))
             starts["without"].append(_start(False, Path(probe_dir)))
     log("rank start timed")
-    loops: dict[str, list[float]] = {"recorder on (2000)": [], "recorder off (0)": []}
+    loops: dict[str, list[float]] = {"recorder on (200)": [], "recorder off (0)": []}
     for _ in range(max(1, reps // 5)):
-        for name, buffer in (("recorder on (2000)", "2000"), ("recorder off (0)", "0")):
+        for name, buffer in (("recorder on (200)", "200"), ("recorder off (0)", "0")):
             found = _loop(buffer, work)
             if found is not None:
                 loops[name].append(found)
@@ -138,7 +138,7 @@ def summarize(data: dict[str, Any]) -> tuple[Table, list[Target], dict[str, Any]
     table.notes.append(
         "rank start: the probe's sitecustomize is imported (and chains the site's own) whatever "
         "the rank; its listening thread starts only in the rank itself. all_reduce: torch's "
-        f"recorder at the agent's default buffer against TORCH_FR_BUFFER_SIZE=0, {ALLREDUCES} "
+        f"recorder at the agent's default buffer (200) against TORCH_FR_BUFFER_SIZE=0, {ALLREDUCES} "
         "calls after 50 warm-up ones, alternating runs."
     )
     ok = took is not None and took <= COLLATE_TARGET
