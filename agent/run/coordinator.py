@@ -93,8 +93,9 @@ class Coordinator:
         """Node 0's desks are up: serve and judge until `close`."""
         options = self.options
         self.desk, self.pauses = desk, pauses
-        # A connection of its own: node 0's main one blocks in the wait for every result.
-        self.side = self.scope.on(self.scope.store.another_client())
+        # A connection of its own (node 0's main one blocks in the wait for every result),
+        # made by the thread's first query: not on the way to the ranks' start.
+        self.side = self.scope.on(self.scope.store.another_client(lazy=True))
         if options.hang_timeout > 0:
             self.hang = HangJudge(
                 desk,
