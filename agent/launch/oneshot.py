@@ -6,7 +6,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -52,14 +52,18 @@ def launch(command: Command, environ: Mapping[str, str]) -> int:
     try:
         agent.connect()
         if agent.leader:
-            plan = decide(request, world, topology)
+            plan, note = outputs.claim(decide(request, world, topology))
+            if note is not None:
+                print(
+                    f"agent: warning: {printable(note, one_line=True)}", file=sys.stderr, flush=True
+                )
             session.offer(0, plan)
             lines = lifeline.watch(agent)  # the peers' lifelines: a dead one is lost at once
             control = open_control(session, agent.keys.client_key, world, plan.log_dir, lines)
             lifeline.publish(agent, control[0].port)
         agent.meet()
         line = lifeline.hold(agent)  # node 0 hears of this agent's death at once
-        replan = (lambda nodes: decide(request, world, topology, nodes)) if agent.leader else None
+        replan = _replanner(request, world, plan) if plan is not None else None
         code = session.execute(0, plan, RunTools(topology, warm, replan=replan))
         agent.leave()
         return code
@@ -84,6 +88,11 @@ def launch(command: Command, environ: Mapping[str, str]) -> int:
         _close_control(*control)
         warm.close()
         agent.close()
+
+
+def _replanner(request: Request, world: World, first: RunPlan) -> Callable[[int], RunPlan]:
+    """Node 0: the plan for a smaller world (--min-nodes), in the log dir the run claimed."""
+    return lambda nodes: outputs.relaid(decide(request, world, topology_at, nodes), first)
 
 
 def _unfinished(plan: RunPlan | None, world: World, code: int, cause: dict[str, Any]) -> None:

@@ -6,12 +6,15 @@ import contextlib
 import json
 import logging
 import os
+import re
 import threading
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from agent import history
 from agent.errors import AgentError
+from agent.plan.run_plan import RunPlan
 
 log = logging.getLogger("agent")
 
@@ -38,6 +41,72 @@ def prepare_log_dir(path: str) -> str:
             f"log dir {path!r} is not writable ({exc.strerror}); pass --log-dir DIR on a writable filesystem"
         ) from None
     return path
+
+
+# What a job writes into its log dir (agent.plan.ranks names the rank files): a directory that
+# holds any of these holds a job already.
+_JOB_FILE = re.compile(
+    r"rank-\d+\..*|agent-\d+\.log|resolved-config\.agent-\d+\.json|ranks\.json|summary\.json"
+    r"|control\.json|stacks-a\d+\.txt|metrics\.prom|nccl-trace\..*|\.summary-reserve"
+)
+CLAIM_TRIES = 1000
+_RESERVE = ".summary-reserve"  # node 0's room for summary.json; created first, it claims the dir
+
+
+def job_files(names: Sequence[str]) -> list[str]:
+    """The names among a directory's entries that a job wrote (pure; sorted)."""
+    return sorted(n for n in names if _JOB_FILE.fullmatch(n))
+
+
+def next_name(path: str, copy: int) -> str:
+    """The `copy`-th name tried for a log dir: `logs/8.0`, then `logs/8.0-2`, `logs/8.0-3`, ..."""
+    return path if copy <= 1 else f"{path.rstrip(os.sep)}-{copy}"
+
+
+def claim_log_dir(path: str) -> tuple[str, str | None]:
+    """Node 0, before it offers the plan: the log dir this job writes into — `path`, or the first
+    free `path-2`, `path-3`, ... when `path` holds another job's files — and the line that says
+    so (None when `path` was free). A log dir holds one job: it is claimed at once by creating
+    the summary reserve exclusively, so two jobs starting together never share one."""
+    for copy in range(1, CLAIM_TRIES + 1):
+        candidate = next_name(path, copy)
+        if os.path.isdir(candidate) and job_files(os.listdir(candidate)):
+            continue  # a job's files already: never written into
+        prepare_log_dir(candidate)
+        try:
+            reserve = os.path.join(candidate, _RESERVE)
+            fd = os.open(reserve, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            continue  # another job claimed it a moment ago
+        except OSError as exc:
+            raise AgentError(
+                f"log dir {candidate!r} is not writable ({exc.strerror}); pass --log-dir DIR on a "
+                "writable filesystem"
+            ) from None
+        os.close(fd)
+        if copy == 1:
+            return candidate, None
+        taken = job_files(os.listdir(path)) if os.path.isdir(path) else []
+        return candidate, (
+            f"log dir {path} holds another job's files ({', '.join(taken[:3])}"
+            f"{', ...' if len(taken) > 3 else ''}): this job's logs go to {candidate}"
+        )
+    raise AgentError(
+        f"log dir {path!r} and {CLAIM_TRIES - 1} next names ({next_name(path, 2)}, ...) hold other "
+        "jobs' files; pass --log-dir DIR naming a new directory"
+    )
+
+
+def claim(plan: RunPlan) -> tuple[RunPlan, str | None]:
+    """Node 0: the plan in the log dir it claimed, and the line to say when that is not the one
+    asked for (`claim_log_dir`)."""
+    log_dir, note = claim_log_dir(plan.log_dir)
+    return replace(plan, log_dir=log_dir), note
+
+
+def relaid(plan: RunPlan, first: RunPlan) -> RunPlan:
+    """A plan made again (a smaller world, --min-nodes) in the log dir the run claimed first."""
+    return replace(plan, log_dir=first.log_dir)
 
 
 def write_config(log_dir: str, agent_index: int, config: Mapping[str, Any]) -> str:
@@ -67,9 +136,6 @@ def write_ranks(
         write_json(os.path.join(log_dir, "ranks.json"), data, **_layout(len(ranks)))
     except OSError as exc:  # `agent logs` then names hosts from the agent logs instead
         log.error("cannot write ranks.json in %s (%s)", log_dir, exc.strerror or exc)
-
-
-_RESERVE = ".summary-reserve"
 
 
 def reserve_space(log_dir: str, size: int = 1 << 20) -> None:

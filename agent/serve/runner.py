@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 import os
 import queue
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -25,6 +24,7 @@ from agent.plan.client_env import client_env
 from agent.plan.roster import Exclusion, Roster, Shortfall
 from agent.plan.run_plan import Request, RunPlan, decide
 from agent.plan.topology import Topology
+from agent.run import outputs
 from agent.run.node_run import Session
 from agent.run.tools import RunTools
 from agent.run.warm_source import WarmSource
@@ -44,6 +44,7 @@ class RunRunner:
         self.session = Session(agent)  # the runs of this resident agent
         self.offered = False  # the last run got as far as publishing its plan
         self.port = 0  # node 0's endpoint, named in each run's control.json
+        self.note: str | None = None  # the last run's log dir held another job's files
 
     def run(
         self,
@@ -53,7 +54,7 @@ class RunRunner:
         started: Callable[[RunPlan], None],
     ) -> dict[str, Any]:
         """The run's last message for its client: {"end": code, ...} or {"error": ...}."""
-        self.offered = False
+        self.offered, self.note = False, None
         drain(self.agent.events)  # a previous client's late Ctrl-C is not this run's
         try:
             plan = self._plan(number, message)
@@ -62,11 +63,14 @@ class RunRunner:
             return {"error": exc.message, "code": int(exc.code)}
         started(plan)
         _send(channel, {"accepted": {"run": number, "log_dir": plan.log_dir}})
+        if self.note is not None:  # its log dir held another job: where its logs went instead
+            log.warning("%s", self.note)
+            _send(channel, {"log": f"[agent] {self.note}"})
         sinks = Sinks(ChannelOut(channel, 1), ChannelOut(channel, 2))
         world, request, read = self.agent.world, self.request, self.read_topology
 
-        def replan(nodes: int) -> RunPlan:
-            return decide(request, world, read, nodes)
+        def replan(nodes: int) -> RunPlan:  # a smaller world, in the log dir claimed
+            return outputs.relaid(decide(request, world, read, nodes), plan)
 
         with forward_logs(channel, self.agent.world.host):
             try:
@@ -109,6 +113,7 @@ class RunRunner:
         plan = decide(request, agent.world, self.read_topology)
         _check_losses(agent, self.session.roster, plan)
         self.request = request  # for a smaller world, planned again (--min-nodes)
+        plan, self.note = outputs.claim(plan)
         return plan
 
 
@@ -157,12 +162,9 @@ def _checked(message: dict[str, Any]) -> tuple[list[str], str, dict[str, str]]:
 
 
 def _default_log_dir(cwd: str, job_id: str, number: int) -> str:
-    """One directory per run: logs/<job>.run<N> (with a time stamp if an earlier session of
-    resident agents in this job already used that name)."""
-    name = os.path.join("logs", f"{job_id or 'local'}.run{number}")
-    if os.path.exists(os.path.join(cwd, name)):
-        name += time.strftime(".%Y%m%d-%H%M%S")
-    return name
+    """One directory per run: logs/<job>.run<N> (the next free name when an earlier session of
+    resident agents in this job used that one: agent.run.outputs.claim)."""
+    return os.path.join("logs", f"{job_id or 'local'}.run{number}")
 
 
 def drain(events: queue.SimpleQueue[Any]) -> None:
