@@ -1,12 +1,15 @@
-"""A job's record on loopback agents: a log dir holds one job."""
+"""A job's record on loopback agents: a log dir holds one job; one id names a job or run in its
+log dir, the history, the client's words and every command that takes one."""
 
 from __future__ import annotations
 
+import json
+import re
 import subprocess
 import sys
 
 import pytest
-from cluster import FIXTURE, REPO, base_env
+from cluster import FIXTURE, REPO, base_env, slurm_env
 from serving import Serving
 
 pytestmark = pytest.mark.e2e  # every test here starts agents
@@ -62,3 +65,47 @@ def test_a_resident_run_never_writes_into_an_earlier_runs_log_dir(resident):
     ) in second.stderr, second.stderr
     assert (mine / "rank-00000.out").read_text() == "run one\n"
     assert (resident.tmp / "mine-2" / "rank-00000.out").read_text() == "run two\n"
+
+
+def test_history_the_log_dir_and_the_client_name_a_resident_run_alike(resident):
+    done = resident.call("run", FIXTURE, "--stdout", "named")
+    assert done.returncode == 0, done.stderr + resident.dump()
+    said = re.search(r"^\[agent\] run (\S+): logs in (\S+)$", done.stderr, re.M)
+    assert said, done.stderr
+    name, log_dir = said.groups()
+    assert re.fullmatch(rf"{resident.job}\.0\.r\d+", name), name  # JOB.STEP.rN
+    assert log_dir == str(resident.tmp / "logs" / name)
+    env = resident.shell_env()
+    listed = json.loads(_agent(env, "history", "--json").stdout)
+    assert [j["job"] for j in listed if j["log_dir"] == log_dir] == [name]
+    for typed in (name, log_dir, f"{resident.job}.0"):  # its id, its log dir, its parent
+        shown = _agent(env, "history", typed)
+        assert shown.returncode == 0 and f"job {name} (step 0): succeeded" in shown.stdout, (
+            typed,
+            shown.stdout + shown.stderr,
+        )
+    # `agent logs ID` from any directory: the history knows where the id's log dir is.
+    logs = _agent(env, "logs", name, cwd=REPO)
+    assert logs.returncode == 0 and "named" in logs.stdout, logs.stderr
+
+
+def test_a_one_shot_jobs_default_log_dir_is_named_by_its_id(tmp_path):
+    env = base_env(tmp_path)
+    env.update(slurm_env("4242", 1, 0, "3"))
+    done = subprocess.run(
+        [sys.executable, "-m", "agent", FIXTURE, "--stdout", "hi"],
+        capture_output=True, text=True, env=env, timeout=120, cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "logs" / "4242.3" / "rank-00000.out").read_text() == "hi\n"
+    (record,) = json.loads(_agent(env, "history", "--json").stdout)
+    assert record["job"] == "4242.3" and record["log_dir"] == str(tmp_path / "logs" / "4242.3")
+    shown = _agent(env, "logs", "4242.3", cwd=tmp_path)
+    assert shown.returncode == 0 and "hi" in shown.stdout, shown.stderr
+
+
+def _agent(env: dict[str, str], *argv: str, cwd=None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "agent", *argv],
+        capture_output=True, text=True, env=env, timeout=60, cwd=cwd or REPO,
+    )  # fmt: skip

@@ -332,20 +332,23 @@ def test_cli_lists_shows_and_refuses(tmp_path):
     lines = listed.stdout.splitlines()
     assert "3 job(s)" in lines[0] and "root cause" in lines[2]
     by_job = {line.split("│")[1].strip(): line for line in lines if line.startswith("│")}
-    assert set(by_job) == {"77.0", "78.0", "79.0"}
-    assert "exit code 3" in by_job["78.0"] and "│ 1 " in by_job["78.0"]  # cause, exit 1
+    assert set(by_job) == {"77.0", "78.1", "79"}  # JOB.STEP; a summary without a step: JOB
+    assert "exit code 3" in by_job["78.1"] and "│ 1 " in by_job["78.1"]  # cause, exit 1
     failed = cli(tmp_path, "--failed", "--json")
-    assert [j["job"] for j in json.loads(failed.stdout)] == ["78.0", "79.0"]
+    assert [j["job"] for j in json.loads(failed.stdout)] == ["78.1", "79"]
     last = json.loads(cli(tmp_path, "--last", "1", "--json").stdout)
     assert [j["job_id"] for j in last] == ["79"]  # the one that ended last
-    shown = cli(tmp_path, "78.0")
+    shown = cli(tmp_path, "78.1")
     assert shown.returncode == 0, shown.stderr
-    assert "attempts of 78.0" in shown.stdout and "node 1 (n1) lost" in shown.stdout
+    assert "attempts of 78.1" in shown.stdout and "node 1 (n1) lost" in shown.stdout
     assert "spares used: n2" in shown.stdout
-    assert cli(tmp_path, "78").stdout == shown.stdout  # JOB: all its runs (one)
+    assert cli(tmp_path, "78").stdout == shown.stdout  # JOB: all its steps and runs (one)
+    for log_dir in ("/l/78", "78"):  # its log dir, by path or by name
+        assert cli(tmp_path, log_dir).stdout == shown.stdout, log_dir
     for argv, words in (
         (["nope"], "no job nope recorded"),
         (["78.4"], "no job 78.4 recorded"),
+        (["7"], "no job 7 recorded"),  # not a parent of 77.0
         (["--last", "x"], "--last 'x'"),
         (["--last", "-1"], "--last '-1'"),
         (["--bogus"], "unrecognized arguments"),
@@ -361,7 +364,7 @@ def test_cli_reads_the_fallback_too(tmp_path):
     blocker.write_text("")
     _append(blocker / "state", SUMMARY_RESTART, TMPDIR=str(tmp_path / "tmp"))
     listed = cli(tmp_path, "--json", state=blocker / "state")
-    assert [j["job"] for j in json.loads(listed.stdout)] == ["78.0"], listed.stderr
+    assert [j["job"] for j in json.loads(listed.stdout)] == ["78.1"], listed.stderr
 
 
 def test_node_zero_records_every_job_of_a_long_lived_process(tmp_path):

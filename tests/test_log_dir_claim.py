@@ -9,7 +9,8 @@ import threading
 import pytest
 
 from agent.errors import AgentError
-from agent.run.outputs import claim_log_dir, job_files, next_name
+from agent.plan.run_id import copied
+from agent.run.outputs import claim_log_dir, job_files
 
 
 @pytest.mark.parametrize(
@@ -34,29 +35,20 @@ def test_which_entries_are_a_jobs_files(names, found):
     assert job_files(names) == found
 
 
-@pytest.mark.parametrize(
-    ("path", "copy", "name"),
-    [
-        ("logs/8.0", 1, "logs/8.0"),
-        ("logs/8.0", 2, "logs/8.0-2"),
-        ("logs/8.0/", 3, "logs/8.0-3"),
-        ("/abs/mine", 12, "/abs/mine-12"),
-    ],
-)
-def test_the_names_tried_in_turn(path, copy, name):
-    assert next_name(path, copy) == name
+def test_the_names_tried_in_turn():
+    assert [copied("logs/8.0", k) for k in (1, 2, 3)] == ["logs/8.0", "logs/8.0-2", "logs/8.0-3"]
 
 
 def test_a_new_or_empty_dir_or_one_of_the_users_own_files_is_used(tmp_path):
     fresh = tmp_path / "fresh"
-    assert claim_log_dir(str(fresh)) == (str(fresh), None)
+    assert claim_log_dir(str(fresh)) == (str(fresh), 1, None)
     empty = tmp_path / "empty"
     empty.mkdir()
-    assert claim_log_dir(str(empty)) == (str(empty), None)
+    assert claim_log_dir(str(empty)) == (str(empty), 1, None)
     own = tmp_path / "own"
     own.mkdir()
     (own / "notes.txt").write_text("mine")
-    assert claim_log_dir(str(own)) == (str(own), None)
+    assert claim_log_dir(str(own)) == (str(own), 1, None)
     assert (own / "notes.txt").read_text() == "mine"
 
 
@@ -66,8 +58,8 @@ def test_another_jobs_dir_is_never_written_into(tmp_path):
     (first / "rank-00000.out").write_text("job one\n")
     (tmp_path / "logs-2").mkdir()
     (tmp_path / "logs-2" / "summary.json").write_text("{}")
-    where, note = claim_log_dir(str(first))
-    assert where == str(tmp_path / "logs-3")
+    where, copy, note = claim_log_dir(str(first))
+    assert (where, copy) == (str(tmp_path / "logs-3"), 3)
     assert (
         note
         == f"log dir {first} holds another job's files (rank-00000.out): this job's logs go to {where}"

@@ -16,6 +16,7 @@ from typing import Any
 
 from agent.control.wire import Channel
 from agent.errors import AgentError, ExitCode
+from agent.history import log_dir_of
 from agent.pause.paused import Paused, render_answers, render_list
 from agent.serve import client, pdb_terminal
 from agent.serve.commands import not_live
@@ -35,7 +36,9 @@ def parser() -> Parser:
         "from LOG_DIR (control.json) or, inside an allocation, the resident agents.",
         allow_abbrev=False,
     )
-    p.add_argument("log_dir", nargs="?", metavar="LOG_DIR", help="the job's log dir")
+    p.add_argument(
+        "log_dir", nargs="?", metavar="LOG_DIR", help="the job's log dir, or its id (8.0, 8.0.r3)"
+    )
     which = p.add_mutually_exclusive_group()
     which.add_argument("--rank", type=int, metavar="R", help="this paused rank")
     which.add_argument("--all", action="store_true", help="every paused rank (with -c)")
@@ -72,6 +75,8 @@ def _connect(
     log_dir: str | None, serve: str | None, environ: Mapping[str, str]
 ) -> tuple[Channel, int | None]:
     home = Path.home()
+    if log_dir is not None:  # LOG_DIR, or the id of its job (agent history's)
+        log_dir = log_dir_of(log_dir, environ)
     control = os.path.join(log_dir, "control.json") if log_dir is not None else None
     if control is not None and serve is None and not os.path.isfile(control):
         raise not_live(log_dir or "")

@@ -12,6 +12,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from agent.plan.run_id import run_id
+
 TEXT_CAP = 1000  # characters of a command or a cause kept in the database
 
 
@@ -30,6 +32,7 @@ class AttemptRecord:
 
 @dataclass(frozen=True)
 class JobRecord:
+    run_id: str  # the id `agent history` shows and takes (agent.plan.run_id): `8.0`, `8.0.r3`
     job_id: str
     step: str
     command: str
@@ -60,9 +63,13 @@ def from_summary(summary: Mapping[str, Any], now: float) -> JobRecord:
     end = max(ends) if ends else now
     exit_code = _int(summary.get("exit_code"), 1)
     last = attempts[-1] if attempts else None
+    job_id = _text(job.get("id"), 100) or "local"
+    step = _text(job.get("step"), 100)
     return JobRecord(
-        job_id=_text(job.get("id"), 100) or "local",
-        step=_text(job.get("step"), 100),
+        # A summary of an older version has no run_id: the id its job and step make.
+        run_id=_text(job.get("run_id"), 300) or run_id(job_id, step),
+        job_id=job_id,
+        step=step,
         command=_command(job.get("command")),
         start=start,
         end=max(end, start),

@@ -23,10 +23,11 @@ import sqlite3
 import stat
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from agent.history.record import AttemptRecord, JobRecord
+from agent.plan.run_id import run_id
 from agent.world.state_dir import dir_problem, state_dir
 
 FILE_NAME = "history.sqlite"
@@ -45,6 +46,9 @@ _SCHEMA = (
         PRIMARY KEY (job, attempt))""",
     "CREATE INDEX IF NOT EXISTS jobs_by_job_id ON jobs (job_id, run)",
 )
+# Columns later versions added to `jobs`: added to an older database at its next append; a
+# reader of one without them reads NULL.
+_ADDED = {"run_id": "TEXT"}
 
 
 @dataclass(frozen=True)
@@ -139,18 +143,22 @@ def _append_once(path: Path, record: JobRecord, cap: int, busy: float) -> None:
         con.execute("BEGIN IMMEDIATE")
         for statement in _SCHEMA:
             con.execute(statement)
+        have = _columns(con)
+        for column, kind in _ADDED.items():
+            if column not in have:
+                con.execute(f"ALTER TABLE jobs ADD COLUMN {column} {kind}")
         (last,) = con.execute(
             "SELECT max(run) FROM jobs WHERE job_id = ?", (record.job_id,)
         ).fetchone()
         job = con.execute(
             "INSERT INTO jobs (job_id, run, step, command, start_time, end_time, nodes, ranks, "
-            "spares_used, exit_code, status, cause, restarts, stragglers, log_dir) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "spares_used, exit_code, status, cause, restarts, stragglers, log_dir, run_id) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 record.job_id, 0 if last is None else last + 1, record.step, record.command,
                 record.start, record.end, record.nodes, record.ranks,
                 json.dumps(record.spares_used), record.exit_code, record.status, record.cause,
-                record.restarts, json.dumps(record.stragglers), record.log_dir,
+                record.restarts, json.dumps(record.stragglers), record.log_dir, record.run_id,
             ),
         ).lastrowid  # fmt: skip
         con.executemany(
@@ -222,9 +230,15 @@ def _make_dir(path: Path, private: bool, uid: int) -> None:
             raise OSError(f"{path} is not a directory of user {uid}")
 
 
-def read(path: Path, job_id: str | None = None, run: int | None = None) -> list[Stored]:
-    """Every job in the database (or those of `job_id`, and `run`), oldest first; none when the
-    file does not exist. sqlite3.Error when it cannot be read."""
+def read(
+    path: Path,
+    job_id: str | None = None,
+    run: int | None = None,
+    match: Callable[[JobRecord], bool] | None = None,
+) -> list[Stored]:
+    """Every job in the database (or those of `job_id`, and `run`; or those `match` keeps, with
+    their attempts), oldest first; none when the file does not exist. sqlite3.Error when it
+    cannot be read."""
     if not path.is_file():
         return []
     con = sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True, timeout=BUSY_TIMEOUT)
@@ -236,38 +250,55 @@ def read(path: Path, job_id: str | None = None, run: int | None = None) -> list[
             where, args = "WHERE job_id = ?", (job_id,)
             if run is not None:
                 where, args = where + " AND run = ?", (job_id, run)
-        jobs = con.execute(
+        added = ", ".join(c if c in _columns(con) else "NULL" for c in _ADDED)
+        rows = con.execute(
             "SELECT id, run, job_id, step, command, start_time, end_time, nodes, ranks, "
-            f"spares_used, exit_code, status, cause, restarts, stragglers, log_dir FROM jobs "
-            f"{where} ORDER BY id",
+            f"spares_used, exit_code, status, cause, restarts, stragglers, log_dir, {added} "
+            f"FROM jobs {where} ORDER BY id",
             args,
         ).fetchall()
-        attempts: dict[int, list[AttemptRecord]] = {}
-        if job_id is not None:  # the attempts are shown for one job only
-            for row in con.execute(
-                "SELECT job, attempt, start_time, end_time, nodes, ranks, failed, spares, "
-                "lost_nodes, cause FROM attempts WHERE job IN (SELECT id FROM jobs "
-                f"{where}) ORDER BY job, attempt",
-                args,
-            ):
-                attempts.setdefault(row[0], []).append(
-                    AttemptRecord(*row[1:7], tuple(_json(row[7])), tuple(_json(row[8])), row[9])
-                )
+        jobs = [(row[0], Stored(row[1], _record(row))) for row in rows]
+        if match is not None:
+            jobs = [(key, stored) for key, stored in jobs if match(stored.record)]
+        if job_id is not None or match is not None:  # the attempts are shown for one job only
+            attempts = _attempts(con, [key for key, _ in jobs])
+            jobs = [
+                (key, replace(s, record=replace(s.record, attempts=attempts.get(key, ()))))
+                for key, s in jobs
+            ]
     finally:
         con.close()
-    return [
-        Stored(
-            row[1],
-            JobRecord(
-                job_id=row[2], step=row[3] or "", command=row[4] or "", start=row[5],
-                end=row[6], nodes=row[7], ranks=row[8], spares_used=tuple(_json(row[9])),
-                exit_code=row[10], status=row[11], cause=row[12], restarts=row[13],
-                stragglers=tuple(_json(row[14])), log_dir=row[15] or "",
-                attempts=tuple(attempts.get(row[0], ())),
-            ),
-        )
-        for row in jobs
-    ]  # fmt: skip
+    return [stored for _, stored in jobs]
+
+
+def _record(row: Sequence) -> JobRecord:
+    return JobRecord(
+        run_id=row[16] or run_id(row[2], row[3] or ""),  # older rows: their job and step
+        job_id=row[2], step=row[3] or "", command=row[4] or "", start=row[5],
+        end=row[6], nodes=row[7], ranks=row[8], spares_used=tuple(_json(row[9])),
+        exit_code=row[10], status=row[11], cause=row[12], restarts=row[13],
+        stragglers=tuple(_json(row[14])), log_dir=row[15] or "", attempts=(),
+    )  # fmt: skip
+
+
+def _attempts(con: sqlite3.Connection, keys: Sequence[int]) -> dict[int, tuple[AttemptRecord, ...]]:
+    found: dict[int, list[AttemptRecord]] = {}
+    for at in range(0, len(keys), 500):  # SQLite's bound on the variables of one statement
+        chunk = keys[at : at + 500]
+        for row in con.execute(
+            "SELECT job, attempt, start_time, end_time, nodes, ranks, failed, spares, "
+            f"lost_nodes, cause FROM attempts WHERE job IN ({', '.join('?' * len(chunk))}) "
+            "ORDER BY job, attempt",
+            chunk,
+        ):
+            found.setdefault(row[0], []).append(
+                AttemptRecord(*row[1:7], tuple(_json(row[7])), tuple(_json(row[8])), row[9])
+            )
+    return {key: tuple(records) for key, records in found.items()}
+
+
+def _columns(con: sqlite3.Connection) -> set[str]:
+    return {row[1] for row in con.execute("PRAGMA table_info(jobs)")}
 
 
 def _json(text: str | None) -> list:

@@ -57,7 +57,8 @@ _UNSAFE = re.compile(r"[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
 
 
 def name(stored: Stored) -> str:
-    return f"{safe(stored.record.job_id)}.{stored.run}"
+    """The job's id (agent.plan.run_id), as every other command takes it."""
+    return safe(stored.record.run_id)
 
 
 def job_rows(jobs: Sequence[Stored]) -> list[tuple[list[str], str]]:
@@ -166,7 +167,7 @@ def job_facts(stored: Stored) -> list[str]:
 
 def as_json(stored: Stored) -> dict[str, Any]:
     data = asdict(stored.record)
-    return {"job": f"{stored.record.job_id}.{stored.run}", "run": stored.run, **data}
+    return {"job": stored.record.run_id, **data}
 
 
 def when(t: float | None) -> str:

@@ -14,6 +14,7 @@ from typing import Any
 
 from agent import history
 from agent.errors import AgentError
+from agent.plan.run_id import copied
 from agent.plan.run_plan import RunPlan
 
 log = logging.getLogger("agent")
@@ -58,18 +59,15 @@ def job_files(names: Sequence[str]) -> list[str]:
     return sorted(n for n in names if _JOB_FILE.fullmatch(n))
 
 
-def next_name(path: str, copy: int) -> str:
-    """The `copy`-th name tried for a log dir: `logs/8.0`, then `logs/8.0-2`, `logs/8.0-3`, ..."""
-    return path if copy <= 1 else f"{path.rstrip(os.sep)}-{copy}"
-
-
-def claim_log_dir(path: str) -> tuple[str, str | None]:
+def claim_log_dir(path: str) -> tuple[str, int, str | None]:
     """Node 0, before it offers the plan: the log dir this job writes into — `path`, or the first
-    free `path-2`, `path-3`, ... when `path` holds another job's files — and the line that says
-    so (None when `path` was free). A log dir holds one job: it is claimed at once by creating
-    the summary reserve exclusively, so two jobs starting together never share one."""
+    free `path-2`, `path-3`, ... when `path` holds another job's files —, which copy of the name
+    that is (1: `path`) and the line that says so (None when `path` was free).
+
+    A log dir holds one job: it is claimed at once by creating the summary reserve exclusively,
+    so two jobs starting together never share one."""
     for copy in range(1, CLAIM_TRIES + 1):
-        candidate = next_name(path, copy)
+        candidate = copied(path, copy)
         if os.path.isdir(candidate) and job_files(os.listdir(candidate)):
             continue  # a job's files already: never written into
         prepare_log_dir(candidate)
@@ -85,14 +83,18 @@ def claim_log_dir(path: str) -> tuple[str, str | None]:
             ) from None
         os.close(fd)
         if copy == 1:
-            return candidate, None
+            return candidate, copy, None
         taken = job_files(os.listdir(path)) if os.path.isdir(path) else []
-        return candidate, (
-            f"log dir {path} holds another job's files ({', '.join(taken[:3])}"
-            f"{', ...' if len(taken) > 3 else ''}): this job's logs go to {candidate}"
+        return (
+            candidate,
+            copy,
+            (
+                f"log dir {path} holds another job's files ({', '.join(taken[:3])}"
+                f"{', ...' if len(taken) > 3 else ''}): this job's logs go to {candidate}"
+            ),
         )
     raise AgentError(
-        f"log dir {path!r} and {CLAIM_TRIES - 1} next names ({next_name(path, 2)}, ...) hold other "
+        f"log dir {path!r} and {CLAIM_TRIES - 1} next names ({copied(path, 2)}, ...) hold other "
         "jobs' files; pass --log-dir DIR naming a new directory"
     )
 
@@ -100,13 +102,17 @@ def claim_log_dir(path: str) -> tuple[str, str | None]:
 def claim(plan: RunPlan) -> tuple[RunPlan, str | None]:
     """Node 0: the plan in the log dir it claimed, and the line to say when that is not the one
     asked for (`claim_log_dir`)."""
-    log_dir, note = claim_log_dir(plan.log_dir)
-    return replace(plan, log_dir=log_dir), note
+    log_dir, copy, note = claim_log_dir(plan.log_dir)
+    name = plan.run_id
+    if os.path.basename(plan.log_dir) == name:  # the default logs/<id>: the id follows its dir
+        name = copied(name, copy)
+    return replace(plan, log_dir=log_dir, run_id=name), note
 
 
 def relaid(plan: RunPlan, first: RunPlan) -> RunPlan:
-    """A plan made again (a smaller world, --min-nodes) in the log dir the run claimed first."""
-    return replace(plan, log_dir=first.log_dir)
+    """A plan made again (a smaller world, --min-nodes) in the log dir the run claimed first,
+    under its id."""
+    return replace(plan, log_dir=first.log_dir, run_id=first.run_id)
 
 
 def write_config(log_dir: str, agent_index: int, config: Mapping[str, Any]) -> str:

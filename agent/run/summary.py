@@ -104,6 +104,7 @@ def node_failure(
 def job_record(world: Any, plan: Any) -> dict[str, Any]:
     """summary.json's "job": who ran what, where (from a World and a RunPlan)."""
     return {
+        "run_id": plan.run_id,  # the id every command takes (agent.plan.run_id)
         "id": world.job_id,
         "step": world.step_id,
         "source": world.source,

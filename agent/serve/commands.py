@@ -6,9 +6,11 @@ import glob
 import os
 import sys
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from agent.errors import AgentError, ExitCode
+from agent.history import log_dir_of
 from agent.launch.cli import misplaced_warning
 from agent.plan.client_env import client_env
 from agent.serve import client, pdb_terminal
@@ -23,6 +25,9 @@ def main(action: str, argv: Sequence[str], environ: Mapping[str, str]) -> int:
         print(f"agent: warning: {printable(warning, one_line=True)}", file=sys.stderr, flush=True)
     home = Path.home()
     log_dir = command.log_dir if command.serve_file == _control(command.log_dir) else None
+    if log_dir is not None:  # LOG_DIR, or the id of its job (agent history's)
+        log_dir = log_dir_of(log_dir, environ)
+        command = replace(command, serve_file=_control(log_dir), log_dir=log_dir)
     if log_dir is not None and not os.path.isfile(_control(log_dir)):
         raise not_live(log_dir)
     target = client.locate(environ, home, command.serve_file)
@@ -90,7 +95,10 @@ def not_live(log_dir: str) -> AgentError:
             ExitCode.RENDEZVOUS,
         )
     if not os.path.isdir(log_dir):
-        return AgentError(f"{log_dir} is not a directory: pass the job's log dir (--log-dir)")
+        return AgentError(
+            f"{log_dir} is not a directory, nor the id of a job this user ran: pass the job's "
+            "log dir (--log-dir) or its id (agent history lists them)"
+        )
     return AgentError(
         f"{log_dir} has no control.json (node 0 writes it while the job runs) and no "
         "summary.json: the job has not started yet, or this is not a job's log dir",

@@ -62,7 +62,7 @@ class RunRunner:
             log.warning("run %d refused: %s", number, exc.message)
             return {"error": exc.message, "code": int(exc.code)}
         started(plan)
-        _send(channel, {"accepted": {"run": number, "log_dir": plan.log_dir}})
+        _send(channel, {"accepted": {"run": number, "id": plan.run_id, "log_dir": plan.log_dir}})
         if self.note is not None:  # its log dir held another job: where its logs went instead
             log.warning("%s", self.note)
             _send(channel, {"log": f"[agent] {self.note}"})
@@ -108,7 +108,7 @@ class RunRunner:
             given,
             cwd=cwd,
             env=exported,
-            log_dir=_default_log_dir(cwd, agent.world.job_id, number),
+            run=number,
         )
         plan = decide(request, agent.world, self.read_topology)
         _check_losses(agent, self.session.roster, plan)
@@ -159,12 +159,6 @@ def _checked(message: dict[str, Any]) -> tuple[list[str], str, dict[str, str]]:
     ):
         raise AgentError("the run request's environment is not a map of strings")
     return argv, cwd, env
-
-
-def _default_log_dir(cwd: str, job_id: str, number: int) -> str:
-    """One directory per run: logs/<job>.run<N> (the next free name when an earlier session of
-    resident agents in this job used that one: agent.run.outputs.claim)."""
-    return os.path.join("logs", f"{job_id or 'local'}.run{number}")
 
 
 def drain(events: queue.SimpleQueue[Any]) -> None:
