@@ -9,8 +9,10 @@ import subprocess
 import sys
 
 import pytest
-from cluster import FIXTURE, REPO, base_env, slurm_env
+from cluster import FIXTURE, REPO, base_env, slurm_env, wait_for
 from serving import Serving
+
+from agent.history.liveness import KILLED_WORDS
 
 pytestmark = pytest.mark.e2e  # every test here starts agents
 
@@ -109,3 +111,40 @@ def _agent(env: dict[str, str], *argv: str, cwd=None) -> subprocess.CompletedPro
         [sys.executable, "-m", "agent", *argv],
         capture_output=True, text=True, env=env, timeout=60, cwd=cwd or REPO,
     )  # fmt: skip
+
+
+def test_a_job_killed_with_sigkill_is_reported_killed_by_every_reader(cluster_factory, tmp_path):
+    ready = tmp_path / "ready"
+    ready.mkdir()
+    hung = ["--nproc-per-node", "1", FIXTURE, "--ready-to", str(ready), "--until-file", "/never"]
+    cluster = cluster_factory(2).start(hung)
+    wait_for(lambda: len(list(ready.iterdir())) == 2, 120, "both ranks to run")
+    env, log_dir, name = base_env(tmp_path), str(cluster.log_dir), f"{cluster.job}.0"
+    # While it runs, its record says so: summary.json and the history row from the start.
+    assert cluster.summary()["status"] == "running"
+    shown = _agent(env, "logs", log_dir, "--summary")
+    assert shown.returncode == 0 and f"job {name} is running" in shown.stdout, shown.stderr
+    (row,) = json.loads(_agent(env, "history", "--json").stdout)
+    assert (row["job"], row["status"], row["exit_code"]) == (name, "running", None)
+
+    cluster.kill()  # SIGKILL: every agent, then what is left of the job (srun's second Ctrl-C)
+    killed = f"job {name} {KILLED_WORDS}"
+    shown = _agent(env, "logs", log_dir, "--summary")
+    assert shown.returncode == 0 and shown.stdout.startswith(killed + "\n"), shown.stdout
+    tail = _agent(env, "logs", log_dir)
+    assert tail.returncode == 0 and f"agent logs: {killed}\n" in tail.stderr, tail.stderr
+    follow = _agent(env, "logs", log_dir, "--follow")  # ends by itself, saying why
+    assert follow.returncode == 0 and f"agent logs: {killed}; stopping" in follow.stderr
+    (row,) = json.loads(_agent(env, "history", "--json").stdout)
+    assert (row["job"], row["status"], row["exit_code"]) == (name, "killed", None)
+    table = _agent(env, "history").stdout
+    assert name in table and KILLED_WORDS in table and "running" not in table, table
+    assert f"job {name} (step 0): {KILLED_WORDS}," in _agent(env, "history", name).stdout
+    assert name in _agent(env, "history", "--failed").stdout
+    for argv in (["stacks", log_dir], ["stacks", name], ["debug", log_dir]):
+        asked = _agent(env, *argv)
+        assert asked.returncode == 3, (argv, asked.stderr)
+        words = f"{killed}: there is nothing to ask; what its ranks wrote: python -m agent logs"
+        assert asked.stderr == f"agent: error: {words} {log_dir}\n", (argv, asked.stderr)
+    picture = _agent(env, "logs", log_dir, "--timeline", str(tmp_path / "job.svg"))
+    assert picture.returncode == 2 and killed in picture.stderr, picture.stderr

@@ -376,3 +376,28 @@ def test_node_zero_records_every_job_of_a_long_lived_process(tmp_path):
         assert history.record_job(summary, environ) == tmp_path / "state" / "history.sqlite"
     jobs = store.read(tmp_path / "state" / "history.sqlite")
     assert [(s.record.job_id, s.run) for s in jobs] == [("77", 0), ("78", 0), ("77", 1)]
+
+
+def test_a_jobs_running_record_is_replaced_by_its_final_one(tmp_path):
+    """Node 0 appends the job when it starts (status running) and again at its end: one row."""
+    state = tmp_path / "state"
+    node0 = {"host": "n0", "pid": 1, "machine": "m", "port": 5}
+    started = {**SUMMARY_OK, "status": "running", "exit_code": None, "attempts": [],
+               "node0": node0}  # fmt: skip
+    other = {**started, "job": {**SUMMARY_OK["job"], "log_dir": "/l/77-2"}}
+    for summary in (started, other):
+        _append(state, summary)
+    running = store.read(state / "history.sqlite")
+    assert [(s.record.status, s.record.exit_code, s.record.node0) for s in running] == [
+        ("running", None, node0),
+        ("running", None, node0),
+    ]
+    _append(state, SUMMARY_OK)  # the end of the first: it takes its record's place
+    jobs = store.read(state / "history.sqlite")
+    assert [(s.record.log_dir, s.record.status, s.run) for s in jobs] == [
+        ("/l/77", "succeeded", 0),
+        ("/l/77-2", "running", 1),
+    ]
+    assert jobs[0].record.node0 is None
+    (one,) = store.read(state / "history.sqlite", match=lambda r: r.log_dir == "/l/77")
+    assert len(one.record.attempts) == 1

@@ -19,7 +19,7 @@ from agent.errors import AgentError, ExitCode
 from agent.history import log_dir_of
 from agent.pause.paused import Paused, render_answers, render_list
 from agent.serve import client, pdb_terminal
-from agent.serve.commands import not_live
+from agent.serve.commands import has_verdict, killed, not_live
 from agent.text import printable
 from agent.usage import Parser
 
@@ -78,14 +78,14 @@ def _connect(
     if log_dir is not None:  # LOG_DIR, or the id of its job (agent history's)
         log_dir = log_dir_of(log_dir, environ)
     control = os.path.join(log_dir, "control.json") if log_dir is not None else None
-    if control is not None and serve is None and not os.path.isfile(control):
+    if control is not None and serve is None and (not os.path.isfile(control) or killed(log_dir)):
         raise not_live(log_dir or "")
     target = client.locate(environ, home, serve or control)
     try:
         return client.open_channel(target, environ, home), target.run
     except AgentError as exc:
         finished = log_dir is not None and exc.code == ExitCode.RENDEZVOUS
-        if finished and os.path.isfile(os.path.join(log_dir or "", "summary.json")):
+        if finished and (has_verdict(log_dir or "") or killed(log_dir or "")):
             raise not_live(log_dir or "") from None
         raise
 

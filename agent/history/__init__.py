@@ -1,6 +1,7 @@
 """Every job and resident run of this user, and each of their attempts, in a SQLite database.
 
-Node 0 calls `record_job(summary, environ)` once it has written summary.json (agent.run.outputs);
+Node 0 calls `record_job(summary, environ)` when a job starts (its running record) and once it has
+written summary.json (agent.run.outputs): the final record takes the running one's place;
 `python -m agent history [ID] [--last N] [--failed] [--json]` reads it back (ID: a job's or
 run's id, agent.plan.run_id, or its log dir). Layer: below
 run, serve and launch (none of which it imports), beside logs; it never imports torch.
@@ -38,12 +39,22 @@ class HistoryCommand:
     as_json: bool
 
 
+_WARNED: set[tuple[str, str]] = set()  # (log dir, warning): a job's record warns once
+
+
 def record_job(summary: Mapping[str, Any], environ: Mapping[str, str]) -> Path | None:
-    """Node 0, a job or run ended: append it (never raises; one warning line when it has to
-    use the fallback database or cannot record at all)."""
+    """Node 0, a job or run started or ended: append it (never raises; one warning line per job
+    when it has to use the fallback database or cannot record at all)."""
     import logging
 
-    warn = logging.getLogger("agent").warning
+    job = summary.get("job")
+    log_dir = str(job.get("log_dir")) if isinstance(job, Mapping) else ""
+
+    def warn(text: str) -> None:
+        if (log_dir, text) not in _WARNED:
+            _WARNED.add((log_dir, text))
+            logging.getLogger("agent").warning(text)
+
     try:
         from agent.history.record import from_summary
         from agent.history.store import append
@@ -102,13 +113,14 @@ def main(argv: Sequence[str], environ: Mapping[str, str], out: TextIO | None = N
             raise AgentError(
                 f"history: no job {command.job} recorded (in {', '.join(map(str, where))})"
             )
-        return _show_job(found, command, out)
+        return _show_job(judged(found), command, out)
     jobs: list[Stored] = []
     for path in where:
         jobs += _read(path)
+    jobs = judged(jobs)
     jobs.sort(key=lambda s: (s.record.end, s.record.start))
-    if command.failed:
-        jobs = [s for s in jobs if s.record.exit_code != 0]
+    if command.failed:  # killed ones too; not those running
+        jobs = [s for s in jobs if s.record.status not in ("succeeded", "running")]
     if command.last:
         jobs = jobs[-command.last :]
     if command.as_json:
@@ -125,6 +137,26 @@ def main(argv: Sequence[str], environ: Mapping[str, str], out: TextIO | None = N
 
     _draw(f"{len(jobs)} job(s), oldest first", job_rows(jobs), JOB_COLUMNS, out)
     return 0
+
+
+def judged(jobs: Sequence[Any]) -> list[Any]:
+    """The jobs, each running record judged (agent.history.liveness): still running, or killed
+    (status "killed"). Node 0's agents on other machines are asked at once, not in turn."""
+    from concurrent.futures import ThreadPoolExecutor
+    from dataclasses import replace
+
+    from agent.history.liveness import KILLED, alive
+
+    running = [i for i, s in enumerate(jobs) if s.record.status == "running"]
+    if not running:
+        return list(jobs)
+    with ThreadPoolExecutor(max_workers=min(32, len(running))) as pool:
+        answers = list(pool.map(lambda i: alive(jobs[i].record.node0), running))
+    out = list(jobs)
+    for i, up in zip(running, answers, strict=True):
+        if not up:
+            out[i] = replace(out[i], record=replace(out[i].record, status=KILLED))
+    return out
 
 
 def _lookup(where: Sequence[Path], text: str) -> list[Any]:

@@ -5,7 +5,8 @@ state dir resident agents use too). WAL journal (on a network filesystem, where 
 memory index would be per host, the rollback journal and its fcntl locks), a busy timeout (BUSY_TIMEOUT) so that two jobs
 ending at the same moment wait for each other instead of failing, and every append one
 `BEGIN IMMEDIATE` transaction: the job, its attempts, then pruning of the oldest jobs beyond
-ROW_CAP. Rows are never updated.
+ROW_CAP. A job is appended twice: its running record when it starts, then its final one, which
+takes the running one's place (the same row id and run number).
 
 When that database cannot be written or locked (a read-only or full directory, an NFS home
 without working locks, a file that is not a database), the job goes to the fallback
@@ -48,7 +49,7 @@ _SCHEMA = (
 )
 # Columns later versions added to `jobs`: added to an older database at its next append; a
 # reader of one without them reads NULL.
-_ADDED = {"run_id": "TEXT"}
+_ADDED = {"run_id": "TEXT", "node0": "TEXT"}
 
 
 @dataclass(frozen=True)
@@ -150,15 +151,17 @@ def _append_once(path: Path, record: JobRecord, cap: int, busy: float) -> None:
         (last,) = con.execute(
             "SELECT max(run) FROM jobs WHERE job_id = ?", (record.job_id,)
         ).fetchone()
+        key, run = _running_row(con, record) or (None, 0 if last is None else last + 1)
         job = con.execute(
-            "INSERT INTO jobs (job_id, run, step, command, start_time, end_time, nodes, ranks, "
-            "spares_used, exit_code, status, cause, restarts, stragglers, log_dir, run_id) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "INSERT INTO jobs (id, job_id, run, step, command, start_time, end_time, nodes, "
+            "ranks, spares_used, exit_code, status, cause, restarts, stragglers, log_dir, run_id, "
+            "node0) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
-                record.job_id, 0 if last is None else last + 1, record.step, record.command,
+                key, record.job_id, run, record.step, record.command,
                 record.start, record.end, record.nodes, record.ranks,
                 json.dumps(record.spares_used), record.exit_code, record.status, record.cause,
                 record.restarts, json.dumps(record.stragglers), record.log_dir, record.run_id,
+                json.dumps(record.node0) if record.node0 is not None else None,
             ),
         ).lastrowid  # fmt: skip
         con.executemany(
@@ -181,6 +184,24 @@ def _append_once(path: Path, record: JobRecord, cap: int, busy: float) -> None:
         raise
     finally:
         con.close()
+
+
+def _running_row(con: sqlite3.Connection, record: JobRecord) -> tuple[int, int] | None:
+    """The job's running record (inserted when it started), taken out to make room for this one
+    under the same id and run number: (id, run); None when it has none. A log dir holds one job
+    (agent.run.outputs.claim_log_dir): with the id, it names the record."""
+    if not record.log_dir:
+        return None
+    found = con.execute(
+        "SELECT id, run FROM jobs WHERE status = 'running' AND log_dir = ? AND run_id = ? "
+        "ORDER BY id DESC LIMIT 1",
+        (record.log_dir, record.run_id),
+    ).fetchone()
+    if found is None:
+        return None
+    con.execute("DELETE FROM attempts WHERE job = ?", (found[0],))
+    con.execute("DELETE FROM jobs WHERE id = ?", (found[0],))
+    return found[0], found[1]
 
 
 NETWORK_FS = frozenset(
@@ -278,6 +299,7 @@ def _record(row: Sequence) -> JobRecord:
         end=row[6], nodes=row[7], ranks=row[8], spares_used=tuple(_json(row[9])),
         exit_code=row[10], status=row[11], cause=row[12], restarts=row[13],
         stragglers=tuple(_json(row[14])), log_dir=row[15] or "", attempts=(),
+        node0=_map(row[17]),
     )  # fmt: skip
 
 
@@ -299,6 +321,14 @@ def _attempts(con: sqlite3.Connection, keys: Sequence[int]) -> dict[int, tuple[A
 
 def _columns(con: sqlite3.Connection) -> set[str]:
     return {row[1] for row in con.execute("PRAGMA table_info(jobs)")}
+
+
+def _map(text: str | None) -> dict | None:
+    try:
+        value = json.loads(text) if text else None
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
 
 
 def _json(text: str | None) -> list:

@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from agent.console.rank_table import RankTable
+from agent.history.liveness import KILLED_WORDS
 from agent.history.record import AttemptRecord
 from agent.history.store import Stored
 
@@ -71,10 +72,11 @@ def job_rows(jobs: Sequence[Stored]) -> list[tuple[list[str], str]]:
                 [
                     name(stored), safe(r.step), when(r.start), seconds(r.start, r.end),
                     str(r.nodes), str(r.ranks), str(r.restarts),
-                    safe(", ".join(r.spares_used)) or "-", str(r.exit_code),
-                    safe(r.cause or "-", CELL), safe(r.command, CELL) or "-",
+                    safe(", ".join(r.spares_used)) or "-", exit_text(r.exit_code),
+                    safe(r.cause or _NO_VERDICT.get(r.status, "-"), CELL),
+                    safe(r.command, CELL) or "-",
                 ],
-                "" if r.exit_code == 0 else "red",
+                "" if r.status in ("succeeded", "running") else "red",
             )
         )  # fmt: skip
     return rows
@@ -146,11 +148,20 @@ def _cut(text: str, cells: int) -> str:
     return set_cell_size(text, cells - 1).rstrip(" ") + "…"
 
 
+# What a job without its verdict shows in place of a root cause (agent.history.liveness).
+_NO_VERDICT = {"running": "running", "killed": KILLED_WORDS}
+
+
+def exit_text(code: int | None) -> str:
+    return "-" if code is None else str(code)
+
+
 def job_facts(stored: Stored) -> list[str]:
     """The lines above one job's attempt table."""
     r = stored.record
+    verdict = _NO_VERDICT.get(r.status) or f"{r.status}, exit {r.exit_code}"
     lines = [
-        f"job {name(stored)} (step {safe(r.step) or '-'}): {r.status}, exit {r.exit_code}, "
+        f"job {name(stored)} (step {safe(r.step) or '-'}): {verdict}, "
         f"{r.restarts} restart(s), {r.nodes} node(s), {r.ranks} rank(s)",
         f"  command: {safe(r.command, 1000) or '-'}",
         f"  started {when(r.start)}, ended {when(r.end)} ({seconds(r.start, r.end)} s)",

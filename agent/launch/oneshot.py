@@ -22,7 +22,7 @@ from agent.node.signals import Interrupted
 from agent.plan.run_plan import Request, RunPlan, decide
 from agent.run import outputs
 from agent.run.node_run import Session
-from agent.run.summary import build_summary, job_record, node_failure
+from agent.run.summary import node_failure
 from agent.run.tools import RunTools
 from agent.run.warm_source import WarmSource, preload_modules
 from agent.text import printable
@@ -60,6 +60,7 @@ def launch(command: Command, environ: Mapping[str, str]) -> int:
             session.offer(0, plan)
             lines = lifeline.watch(agent)  # the peers' lifelines: a dead one is lost at once
             control = open_control(session, agent.keys.client_key, world, plan.log_dir, lines)
+            outputs.write_started(plan, world, control[0].port)  # the job's record from now on
             lifeline.publish(agent, control[0].port)
         agent.meet()
         line = lifeline.hold(agent)  # node 0 hears of this agent's death at once
@@ -97,13 +98,8 @@ def _replanner(request: Request, world: World, first: RunPlan) -> Callable[[int]
 
 def _unfinished(plan: RunPlan | None, world: World, code: int, cause: dict[str, Any]) -> None:
     """Node 0, the run ended before its first attempt: summary.json still says why."""
-    if plan is None or os.path.exists(os.path.join(plan.log_dir, "summary.json")):
-        return
-    try:
-        outputs.prepare_log_dir(plan.log_dir)
-        outputs.write_summary(plan.log_dir, build_summary(job_record(world, plan), [], code, cause))
-    except (AgentError, OSError):
-        pass  # the log dir itself may be what failed
+    if plan is not None:
+        outputs.write_unfinished(plan, world, code, cause)
 
 
 def _close_control(endpoint: Any, path: str | None) -> None:

@@ -14,8 +14,11 @@ from typing import Any
 
 from agent import history
 from agent.errors import AgentError
+from agent.history import liveness
 from agent.plan.run_id import copied
 from agent.plan.run_plan import RunPlan
+from agent.run.summary import build_summary, job_record, started_summary
+from agent.world import World
 
 log = logging.getLogger("agent")
 
@@ -152,6 +155,41 @@ def reserve_space(log_dir: str, size: int = 1 << 20) -> None:
             f.write(bytes(size))
     except OSError:
         pass  # already full: the summary will try anyway
+
+
+def write_started(plan: RunPlan, world: World, port: int) -> None:
+    """Node 0, the job's endpoint open: its record from the start — summary.json `running` and
+    the history row, naming node 0's agent — so that a job killed before its end (SIGKILL, a
+    node rebooted) still leaves one that every reader reports as killed, never as running."""
+    node0 = liveness.node0_record(world.host, world.master_addr, port)
+    summary = started_summary(job_record(world, plan), node0)
+    path = os.path.join(plan.log_dir, "summary.json")
+    try:
+        write_json(path, summary, indent=1)
+    except OSError as exc:
+        log.error("cannot write %s (%s)", path, exc.strerror or exc)
+    history.record_job(summary, os.environ)  # never raises
+
+
+def write_unfinished(plan: RunPlan, world: World, code: int, cause: Mapping[str, Any]) -> None:
+    """Node 0, the run ended before its first attempt: summary.json still says why (unless the
+    run's own verdict is there already)."""
+    if has_verdict(plan.log_dir):
+        return
+    try:
+        prepare_log_dir(plan.log_dir)
+        write_summary(plan.log_dir, build_summary(job_record(world, plan), [], code, cause))
+    except (AgentError, OSError):
+        pass  # the log dir itself may be what failed
+
+
+def has_verdict(log_dir: str) -> bool:
+    """Whether LOG_DIR/summary.json is the job's last word (not its running record)."""
+    try:
+        with open(os.path.join(log_dir, "summary.json")) as f:
+            return json.load(f).get("status") != liveness.RUNNING
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def write_summary(log_dir: str, summary: Mapping[str, Any]) -> str | None:

@@ -119,6 +119,21 @@ def job_record(world: Any, plan: Any) -> dict[str, Any]:
     }
 
 
+def started_summary(job: Mapping[str, Any], node0: Mapping[str, Any]) -> dict[str, Any]:
+    """summary.json while the job runs: who runs what, and node 0's agent that will complete it
+    (`node0`: a reader tells a running job from a killed one by it, agent.history.liveness)."""
+    return {
+        "job": dict(job),
+        "status": "running",
+        "exit_code": None,
+        "root_cause": None,
+        "excluded": [],
+        "stragglers": [],
+        "attempts": [],
+        "node0": dict(node0),
+    }
+
+
 def build_summary(
     job: Mapping[str, Any],
     attempts: Sequence[Mapping[str, Any]],

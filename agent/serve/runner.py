@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import queue
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -26,6 +27,7 @@ from agent.plan.run_plan import Request, RunPlan, decide
 from agent.plan.topology import Topology
 from agent.run import outputs
 from agent.run.node_run import Session
+from agent.run.summary import node_failure
 from agent.run.tools import RunTools
 from agent.run.warm_source import WarmSource
 from agent.serve.cli import parse_run
@@ -78,11 +80,19 @@ class RunRunner:
                 self.offered = True
                 if self.port:
                     write_control(plan.log_dir, self.agent.world, self.port, number)
+                outputs.write_started(plan, world, self.port)  # the run's record from now on
                 tools = RunTools(self.read_topology, self.warm, sinks, replan)
                 code = self.session.execute(number, plan, tools)
             except AgentError as exc:
-                if not isinstance(exc, PeerFailed):  # ours: the other nodes must hear of it
+                own = not isinstance(exc, PeerFailed)
+                if own:  # ours: the other nodes must hear of it
                     self.agent.tell("setup", exc.message)
+                cause = (
+                    node_failure("setup", world.node_rank, world.host, exc.message, time.time())
+                    if own
+                    else {"kind": "join", "how": exc.message}
+                )
+                outputs.write_unfinished(plan, world, int(exc.code), cause)  # the record's end
                 return {"error": exc.message, "code": int(exc.code)}
         if self.agent.signals.received is not None:  # the agent's own signal: stop serving
             raise Interrupted(self.agent.signals.received)
