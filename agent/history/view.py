@@ -70,7 +70,8 @@ def job_rows(jobs: Sequence[Stored]) -> list[tuple[list[str], str]]:
         rows.append(
             (
                 [
-                    name(stored), safe(r.step), when(r.start), seconds(r.start, r.end),
+                    name(stored), safe(r.step), when(r.start),
+                    "-" if r.exit_code is None else seconds(r.start, r.end),
                     str(r.nodes), str(r.ranks), str(r.restarts),
                     safe(", ".join(r.spares_used)) or "-", exit_text(r.exit_code),
                     safe(r.cause or _NO_VERDICT.get(r.status, "-"), CELL),
@@ -164,7 +165,8 @@ def job_facts(stored: Stored) -> list[str]:
         f"job {name(stored)} (step {safe(r.step) or '-'}): {verdict}, "
         f"{r.restarts} restart(s), {r.nodes} node(s), {r.ranks} rank(s)",
         f"  command: {safe(r.command, 1000) or '-'}",
-        f"  started {when(r.start)}, ended {when(r.end)} ({seconds(r.start, r.end)} s)",
+        f"  started {when(r.start)}"
+        + ("" if r.exit_code is None else f", ended {when(r.end)} ({seconds(r.start, r.end)} s)"),
         f"  log dir: {safe(r.log_dir, 4096) or '-'}",
     ]
     if r.cause:
