@@ -60,8 +60,8 @@ def launch(command: Command, environ: Mapping[str, str]) -> int:
             session.offer(0, plan)
             lines = lifeline.watch(agent)  # the peers' lifelines: a dead one is lost at once
             control = open_control(session, agent.keys.client_key, world, plan.log_dir, lines)
-            outputs.write_started(plan, world, control[0].port)  # the job's record from now on
             lifeline.publish(agent, control[0].port)
+            outputs.write_started(plan, world, control[0].port)  # the job's record from now on
         agent.meet()
         line = lifeline.hold(agent)  # node 0 hears of this agent's death at once
         replan = _replanner(request, world, plan) if plan is not None else None

@@ -168,7 +168,18 @@ def write_started(plan: RunPlan, world: World, port: int) -> None:
         write_json(path, summary, indent=1)
     except OSError as exc:
         log.error("cannot write %s (%s)", path, exc.strerror or exc)
-    history.record_job(summary, os.environ)  # never raises
+    # The history row on a thread of its own: a SQLite commit (25-50 ms here) stays off the
+    # launch; the job's final row waits for it (`write_summary`), so it always comes second.
+    row = threading.Thread(
+        target=history.record_job, args=(summary, dict(os.environ)), name="history-start",
+        daemon=True,
+    )  # fmt: skip
+    row.start()
+    _STARTING[plan.log_dir] = row
+
+
+_STARTING: dict[str, threading.Thread] = {}  # log dir → the thread appending its running row
+_START_WAIT = 30.0  # seconds the final row waits for the running one (the store's busy timeout)
 
 
 def write_unfinished(plan: RunPlan, world: World, code: int, cause: Mapping[str, Any]) -> None:
@@ -204,6 +215,9 @@ def write_summary(log_dir: str, summary: Mapping[str, Any]) -> str | None:
         log.error("cannot write %s (%s)", path, exc.strerror or exc)
         return None
     finally:
+        started = _STARTING.pop(log_dir, None)
+        if started is not None:
+            started.join(_START_WAIT)
         history.record_job(summary, os.environ)  # the user's job history; never raises
     return path
 
