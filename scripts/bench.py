@@ -3,6 +3,7 @@
     python scripts/bench.py [--quick] [--out bench-results] [--only launch,teardown,...]
     python scripts/bench.py --only scale [--quick]   # not in the default run (~3 min; --quick <1)
     python scripts/bench.py --only debug             # not in the default run (~10 s)
+    python scripts/bench.py --only recorder          # not in the default run (~40 s)
 
 Writes a markdown report to stdout and <out>/bench.md, raw numbers to <out>/bench.json.
 Sections: launch overhead, teardown latency, rendezvous scale (+ reverse DNS), tee throughput,
@@ -41,6 +42,7 @@ from bench import (  # noqa: E402
     metrics,
     node_loss,
     rdzv,
+    recorder,
     refusals,
     relaunch,
     scale,
@@ -68,10 +70,11 @@ SECTIONS = (
     "metrics",
     "warmfork",
     "debug",
+    "recorder",
 )
 # Sections run only when --only names them: scale alone takes 2.5-4.5 minutes (--quick: < 1);
 # warmfork measures one design choice of agent.warm (what adopting warm ranks costs).
-ON_REQUEST = ("scale", "metrics", "warmfork", "debug")
+ON_REQUEST = ("scale", "metrics", "warmfork", "debug", "recorder")
 # What each section costs with one repetition per cell on this machine (seconds, loaded); the
 # sections before it keep this much of the run's time free for it.
 MIN_COST = {
@@ -90,6 +93,7 @@ MIN_COST = {
     "metrics": 30,
     "warmfork": 60,
     "debug": 20,
+    "recorder": 40,
 }
 RUN_SECONDS = 560  # the whole run; the hard limit is 10 minutes
 
@@ -158,6 +162,7 @@ def plan(quick: bool) -> dict[str, Any]:
             "metrics": {"sizes": [64, 1024], "reps": 10},
             "warmfork": {"reps": 3},
             "debug": {"reps": 5},
+            "recorder": {"reps": 10},
         }
     return {
         "launch": {"sizes": [1, 4, 8], "reps": {1: 3, 4: 3, 8: 2}, "budget": 280},
@@ -175,6 +180,7 @@ def plan(quick: bool) -> dict[str, Any]:
         "metrics": {"sizes": [64, 1024, 4096], "reps": 40},
         "warmfork": {"reps": 10},
         "debug": {"reps": 10},
+        "recorder": {"reps": 20},
     }
 
 
@@ -211,6 +217,8 @@ def run_section(
         )
     if name == "debug":
         return debug.run(cfg["reps"], work, log)
+    if name == "recorder":
+        return recorder.run(cfg["reps"], work, log)
     if name == "hang":
         return hang.run(cfg["sizes"], cfg["rounds"], tuple(cfg["stacks_reps"]), budget, work, log)
     if name == "scale":
@@ -246,6 +254,7 @@ SUMMARIZERS: dict[
     "metrics": metrics.summarize,
     "warmfork": warm_fork.summarize,
     "debug": debug.summarize,
+    "recorder": recorder.summarize,
 }
 
 

@@ -8,9 +8,11 @@ import re
 import socket
 import subprocess
 import sys
+import time
 import urllib.request
 import xml.etree.ElementTree as ET
 
+import psutil
 import pytest
 from cluster import FIXTURE, base_env, wait_for
 from prometheus_client.parser import text_string_to_metric_families
@@ -147,3 +149,64 @@ def test_metrics_prom_counts_a_restart(cluster_factory):
         assert 0 <= phases[(("attempt", attempt), ("phase", phase))] < 30, phases
     assert (("attempt", "1"), ("phase", "teardown")) not in phases
     assert "launch_agent_node_seconds_since_progress" not in end  # no --progress-regex
+
+
+def _idle_flood(url: str, count: int) -> list[socket.socket]:
+    port = int(url.rsplit(":", 1)[1].split("/")[0])
+    return [socket.create_connection(("127.0.0.1", port), timeout=30) for _ in range(count)]
+
+
+def test_2000_idle_scrapers_leave_a_failing_job_its_root_cause(cluster_factory, tmp_path):
+    """Issue 35, M6: node 0 at the soft limit many sites keep (1,024 descriptors) and 2,000
+    connections to /metrics that never send a request: the rank's failure is still published
+    and the job ends with its root cause, as fast as without them."""
+    go = tmp_path / "go"
+    cluster = cluster_factory(2).start(
+        ["--nproc-per-node", "1", "--metrics-port", "0", FIXTURE, "--on", "1", "--exit", "3",
+         "--stderr", "the-root-cause-line", "--others-wait", "--ready-to", str(tmp_path),
+         "--fail-file", str(go)]
+    )  # fmt: skip
+    url = wait_for(lambda: _url(cluster.agents[0]), 60, "node 0 to name its /metrics URL")
+    wait_for(lambda: len(list(tmp_path.glob("ready-*"))) == 2, 60, "both ranks to start")
+    node0 = psutil.Process(cluster.agents[0].proc.pid)
+    node0.rlimit(psutil.RLIMIT_NOFILE, (1024, node0.rlimit(psutil.RLIMIT_NOFILE)[1]))
+    flood = _idle_flood(url, 2000)
+    try:
+        assert _scrape(url)["launch_agent_ranks_running"][()] == 2
+        assert node0.num_fds() < 1024 - 64  # the reserve is kept
+        go.touch()
+        start = time.monotonic()
+        assert cluster.wait(60) == [1, 1], cluster.dump()
+        assert time.monotonic() - start < 15, cluster.dump()  # a hang-catcher, not a measure
+    finally:
+        for sock in flood:
+            sock.close()
+    cause = cluster.summary()["root_cause"]
+    assert cause["rank"] == 1 and "the-root-cause-line" in str(cause.get("stderr_tail")), cause
+
+
+def test_a_resident_node_zero_gives_back_each_runs_descriptors(tmp_path):
+    """Issue 35, M7 and O1: run after run, with idle connections to /metrics still open when
+    each ends, node 0's resident agent holds as many descriptors as after its first run."""
+    serving = Serving(tmp_path, 1).start()
+    try:
+        serving.ready()
+        assert serving.call("run", FIXTURE).returncode == 0, serving.dump()
+        node0 = psutil.Process(serving.agents[0].proc.pid)
+        baseline = node0.num_fds()
+        for run in range(3):
+            done = tmp_path / f"done-{run}"
+            client = serving.client(
+                "run", "--metrics-port", "0", FIXTURE, "--until-file", str(done)
+            )
+            url = wait_for(lambda: _url(serving.agents[0]), 60, "the run's /metrics URL")
+            flood = _idle_flood(url, 100)
+            done.touch()
+            assert client.wait(60) == 0, serving.dump()
+            wait_for(lambda: node0.num_fds() == baseline, 10, f"{baseline} descriptors again")
+            for sock in flood:
+                sock.close()
+            serving.agents[0].err.write_text("")  # the next run's URL is the only one
+        assert serving.call("down", timeout=60).returncode == 0
+    finally:
+        serving.kill()

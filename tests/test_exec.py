@@ -8,12 +8,15 @@ import signal
 import subprocess
 import sys
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from torch.distributed import TCPStore
 
 from agent import remote
 from agent.errors import AgentError
+from agent.node.trust import JobKeys
 from agent.remote.collate import NodeOutput
 from agent.world import PORT_HIGH, PORT_LOW, World, WorldFlags, derive_port
 
@@ -111,7 +114,13 @@ def test_verdict() -> None:
         NodeOutput(1, "b", "", 2),
         NodeOutput(2, "c", "", None),
     )
-    assert [remote.verdict(r) for r in ([ok], [ok, bad], [ok, bad, gone])] == [0, 1, 3]
+    forged = NodeOutput(3, "d", "", None, missing="store tampering suspected at la/x/exec/result/3")
+    assert [remote.verdict(r) for r in ([ok], [ok, bad], [ok, bad, gone], [ok, gone, forged])] == [
+        0,
+        1,
+        3,
+        4,
+    ]
 
 
 # --- one node, in process ------------------------------------------------------------------
@@ -266,3 +275,69 @@ def test_interrupted_node_0_reports_what_it_has_and_kills_its_command(tmp_path) 
     assert "Traceback" not in err
     with pytest.raises(ProcessLookupError):
         os.kill(command_pid, 0)
+
+
+# --- an outsider on the exec store (torch's own client) -----------------------------------
+
+
+def _outsider_on(job: str, nnodes: int = 2) -> tuple[TCPStore, str]:
+    """torch's client on node 0's exec store once it is up, and the exec records' key prefix
+    (what list_keys shows an outsider)."""
+    world = World("slurm", job, "0", nnodes, 0, tuple(f"127.0.0.{i + 1}" for i in range(nnodes)),
+                  "127.0.0.1", "127.0.0.1", None)  # fmt: skip
+    port = remote.exec_port(world, WorldFlags())
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            store = TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=5))
+            break
+        except (RuntimeError, ValueError):  # node 0's store is not up yet
+            assert time.monotonic() < deadline, "node 0's exec store never came up"
+    prefix = JobKeys.derive(b"test-exec-secret", job, "0").namespace + "exec/"
+    return store, prefix
+
+
+def _start_node(job: str, nnodes: int, node: int, argv: list[str], **env: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "agent", "exec", *argv],
+        env={**_clean_env(), **_fake_node(job, nnodes, node), **env},
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+
+
+_UNTIL = ["--", "sh", "-c", 'while [ ! -e "$GO" ]; do sleep 0.05; done; echo "hello from $WHO"']
+
+
+@pytest.mark.e2e
+def test_garbage_over_a_nodes_result_is_waited_past(tmp_path) -> None:
+    """X1: the outsider overwrites node 1's sealed result before node 0 reads it; node 0 waits
+    past it (node 1 writes its own again) and reports the command's true exit 0."""
+    job, go = f"{os.getpid()}{next(_JOBS)}{time.time_ns() % 100000}", tmp_path / "go"
+    lead = _start_node(job, 2, 0, _UNTIL, GO=str(go), WHO="x")
+    outsider, prefix = _outsider_on(job)
+    node1 = _start_node(job, 2, 1, _UNTIL, GO=str(tmp_path), WHO="x")  # runs at once
+    outsider.wait([prefix + "result/1"], timedelta(seconds=60))
+    outsider.set(prefix + "result/1", b"garbage")
+    go.touch()  # node 0's own command ends now, and node 0 reads the results
+    out, err = lead.communicate(timeout=60)
+    node1.communicate(timeout=60)
+    assert lead.returncode == 0, err
+    assert out == "----------------\n127.0.0.[1-2] (exit 0)\n----------------\nhello from x\n"
+    assert node1.returncode == 0
+
+
+@pytest.mark.e2e
+def test_a_forged_join_of_a_node_that_never_started_is_not_one(tmp_path) -> None:
+    """X2: a plain-JSON joined record for node 1, which never starts: node 0 names it as never
+    joined (exit 3) instead of waiting for its result for ever."""
+    job, go = f"{os.getpid()}{next(_JOBS)}{time.time_ns() % 100000}", tmp_path / "go"
+    lead = _start_node(job, 2, 0, ["--rdzv-timeout", "2", *_UNTIL], GO=str(go), WHO="x")
+    outsider, prefix = _outsider_on(job)
+    outsider.set(prefix + "joined/1", b"1")
+    go.touch()
+    try:
+        out, err = lead.communicate(timeout=30)  # a hang-catcher: it ends 2 s after the command
+    finally:
+        lead.kill()
+    assert lead.returncode == 3, err
+    assert "127.0.0.2 (no result: never joined within 2s)" in out

@@ -10,6 +10,7 @@ import os
 import selectors
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -535,3 +536,63 @@ def test_parse_dump_bounds():
 )
 def test_error_line(stderr, expected):
     assert error_line(stderr, 1) == expected
+
+
+# -- the private directory under $TMPDIR, when another user got there first -----------------
+ASK_TWICE = (
+    "import json; from agent.hang.fallback import private_dir; "
+    "print(json.dumps([private_dir(), private_dir()]))"
+)
+
+
+def plant(tmp_path: Path, name: str, how: str) -> Path:
+    """What another user (uid 65534) could leave at `name` in a shared TMPDIR."""
+    where = tmp_path / name
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    os.chown(theirs, 65534, 65534)
+    os.chmod(theirs, 0o777)
+    if how == "symlink":
+        where.symlink_to(theirs)
+        os.lchown(where, 65534, 65534)
+    elif how == "file":
+        where.write_text("")
+        os.chown(where, 65534, 65534)
+    else:
+        where.mkdir()
+        os.chown(where, 65534, 65534)
+        os.chmod(where, int(how, 8))
+    return where
+
+
+def ask_private_dir(tmp_path: Path) -> tuple[list, str]:
+    env = dict(os.environ, TMPDIR=str(tmp_path), PYTHONPATH=str(ROOT))
+    done = subprocess.run(
+        [sys.executable, "-c", ASK_TWICE], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout), done.stderr
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="planting another user's directory needs root")
+@pytest.mark.parametrize("how", ["symlink", "0777", "0700", "file"])
+def test_an_impostor_private_dir_is_refused_and_a_fresh_one_used(tmp_path, how):
+    planted = plant(tmp_path, f"launch-agent-stacks-{os.getuid()}", how)
+    (first, second), stderr = ask_private_dir(tmp_path)
+    assert first == second and first is not None, stderr  # one fresh dir for the process
+    assert Path(first).parent == tmp_path and first != str(planted)
+    assert Path(first).name.startswith(f"launch-agent-stacks-{os.getuid()}-")
+    lines = stderr.splitlines()
+    assert len(lines) == 1 and str(planted) in lines[0] and first in lines[0], stderr
+    assert not Path(first).exists()  # gone with the process that made it
+    assert planted.is_symlink() == (how == "symlink")  # theirs, untouched
+    assert os.lstat(planted).st_uid == 65534
+
+
+def test_our_own_private_dir_is_used_and_made_private(tmp_path):
+    ours = tmp_path / f"launch-agent-stacks-{os.getuid()}"
+    ours.mkdir()
+    os.chmod(ours, 0o755)
+    (first, second), stderr = ask_private_dir(tmp_path)
+    assert first == second == str(ours) and stderr == ""
+    assert stat.S_IMODE(os.lstat(ours).st_mode) == 0o700

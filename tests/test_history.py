@@ -387,11 +387,13 @@ def test_a_jobs_running_record_is_replaced_by_its_final_one(tmp_path):
     other = {**started, "job": {**SUMMARY_OK["job"], "log_dir": "/l/77-2"}}
     for summary in (started, other):
         _append(state, summary)
-    running = store.read(state / "history.sqlite")
+    warned: list[str] = []
+    running = store.read(state / "history.sqlite", warn=warned.append)
     assert [(s.record.status, s.record.exit_code, s.record.node0) for s in running] == [
         ("running", None, node0),
         ("running", None, node0),
     ]
+    assert warned == []  # no exit code yet: a running record, not a row to skip
     _append(state, SUMMARY_OK)  # the end of the first: it takes its record's place
     jobs = store.read(state / "history.sqlite")
     assert [(s.record.log_dir, s.record.status, s.run) for s in jobs] == [
@@ -401,3 +403,103 @@ def test_a_jobs_running_record_is_replaced_by_its_final_one(tmp_path):
     assert jobs[0].record.node0 is None
     (one,) = store.read(state / "history.sqlite", match=lambda r: r.log_dir == "/l/77")
     assert len(one.record.attempts) == 1
+    con = sqlite3.connect(state / "history.sqlite")
+    con.execute("UPDATE jobs SET run_id = ? WHERE log_dir = '/l/77-2'", (b"\xff",))
+    con.execute("UPDATE jobs SET exit_code = NULL WHERE log_dir = '/l/77'")  # ended: not fit
+    con.commit()
+    con.close()
+    assert store.read(state / "history.sqlite", match=lambda r: True, warn=warned.append) == []
+    assert warned == [
+        f"2 row(s) of {state / 'history.sqlite'} skipped: not as agent history writes them"
+    ]
+
+
+# One job per oddity, each as another program (or a hand) could have left it in the database:
+# (job id, table, column, value). SQLite keeps whatever type it is given.
+ODD_VALUES = [
+    ("80", "jobs", "run", "x"),
+    ("81", "jobs", "run", 1.5),
+    ("82", "jobs", "step", 7),
+    ("83", "jobs", "command", b"\xff\x00\x1b[2J"),
+    ("84", "jobs", "start_time", "yesterday"),
+    ("85", "jobs", "end_time", None),
+    ("86", "jobs", "start_time", 1e300),
+    ("87", "jobs", "nodes", "many"),
+    ("88", "jobs", "exit_code", None),
+    ("89", "jobs", "exit_code", "x"),
+    ("90", "jobs", "status", "\x1b[2Jowned"),
+    ("91", "jobs", "spares_used", '[1, null, {"x": 2}]'),
+    ("92", "jobs", "spares_used", "not json"),
+    ("93", "jobs", "restarts", None),
+    ("94", "jobs", "stragglers", "[3]"),
+    ("95", "jobs", "log_dir", 5),
+    ("96", "jobs", "cause", b"\xfe"),
+    ("97", "attempts", "attempt", "x"),
+    ("98", "attempts", "start_time", "x"),
+    ("99", "attempts", "spares", "[1]"),
+    ("100", "attempts", "lost_nodes", '["a", null, 1e400]'),
+    ("101", "attempts", "failed", None),
+    ("102", "attempts", "cause", b"\xfe"),
+    ("103", "attempts", "end_time", float("inf")),
+    ("104", "jobs", "run_id", b"\xff\x1b[2J"),  # a blob (TEXT affinity makes a number text)
+    ("105", "jobs", "node0", "[1]"),
+]
+
+
+def test_cli_survives_wrongly_typed_columns(tmp_path):
+    """No traceback whatever the columns hold: a row that does not fit is skipped (one warning
+    line) or shown with what fits; the other jobs are listed as ever."""
+    state = tmp_path / "state"
+    _append(state, SUMMARY_OK)
+    for job_id, _, _, _ in ODD_VALUES:  # each in a log dir of its own, as a log dir holds one job
+        job = {**SUMMARY_RESTART["job"], "id": job_id, "log_dir": f"/l/{job_id}"}
+        _append(state, {**SUMMARY_RESTART, "job": job})
+    con = sqlite3.connect(state / "history.sqlite")
+    for job_id, table, column, value in ODD_VALUES:
+        row = "SELECT id FROM jobs WHERE job_id = ?"
+        where = f"id = ({row})" if table == "jobs" else f"attempt = 1 AND job = ({row})"
+        con.execute(f"UPDATE {table} SET {column} = ? WHERE {where}", (value, job_id))
+    con.commit()
+    con.close()
+    runs = [cli(tmp_path), cli(tmp_path, "--json"), cli(tmp_path, "--failed", "--last", "0")]
+    runs += [cli(tmp_path, job_id) for job_id, table, _, _ in ODD_VALUES if table == "attempts"]
+    runs += [cli(tmp_path, job_id, "--json") for job_id in ("90", "91", "100")]
+    for run in runs:
+        assert run.returncode in (0, 2), (run.args, run.stderr)
+        assert "Traceback" not in run.stderr and run.stderr.count("\n") <= 1, run.stderr
+        assert "\x1b" not in run.stdout, run.stdout
+    listed, as_json = runs[0], json.loads(runs[1].stdout)
+    assert "│ 77.0 " in listed.stdout  # the sound job
+    assert "77" in [j["job_id"] for j in as_json]
+    assert runs[1].stderr.count("skipped") == 1  # the rows that did not fit, said once
+    shown = cli(tmp_path, "78")
+    assert shown.returncode == 2 and "no job 78 recorded" in shown.stderr  # none such: fine
+
+
+def _modes(state: Path) -> dict[str, str]:
+    return {p.name: oct(p.stat().st_mode & 0o777) for p in state.glob("history.sqlite*")}
+
+
+def test_the_database_and_its_wal_and_shm_are_private(tmp_path):
+    """Every command line of this user is in them: 0600, whatever the umask, even where an
+    older version left them 0644 (and open: its -wal and -shm exist)."""
+    state, old = tmp_path / "state", tmp_path / "old"
+    old.mkdir(mode=0o700)
+    umask = os.umask(0o022)
+    try:
+        _append(state, SUMMARY_OK)
+        reader = sqlite3.connect(state / "history.sqlite")  # keeps -wal and -shm in being
+        reader.execute("SELECT count(*) FROM jobs").fetchone()
+        _append(state, SUMMARY_RESTART)
+        left = sqlite3.connect(old / "history.sqlite")  # as a version before this one did
+        left.execute("PRAGMA journal_mode=WAL")
+        left.execute("CREATE TABLE t (x)")
+        assert set(_modes(old).values()) == {"0o644"} and len(_modes(old)) == 3
+        _append(old, SUMMARY_OK)
+    finally:
+        os.umask(umask)
+    names = ["history.sqlite", "history.sqlite-shm", "history.sqlite-wal"]
+    assert _modes(state) == dict.fromkeys(names, "0o600")
+    assert _modes(old) == dict.fromkeys(names, "0o600")
+    reader.close()
+    left.close()

@@ -113,3 +113,23 @@ def test_several_step_lines_in_one_read_count_the_latest_step(tmp_path) -> None:
     router.close()
     clock = router.clocks()[0]
     assert clock.step == 4
+
+
+def test_a_closed_router_leaves_no_descriptor_or_thread(tmp_path) -> None:
+    """A router per attempt: a resident node 0 makes one per run, so each must give back its
+    wake pipe, selector and threads (2 descriptors an attempt once ran a node out of them)."""
+
+    def open_fds() -> int:
+        return len(os.listdir("/proc/self/fd")) - 1  # less listdir's own
+
+    fds, threads = open_fds(), threading.active_count()
+    for attempt in range(5):
+        router = LogRouter(io.BytesIO(), io.BytesIO())
+        read_end, write_end = os.pipe()
+        router.add(read_end, Stream(0, "out", str(tmp_path / f"a{attempt}.out"), b"h:0: ", True))
+        os.write(write_end, b"a line\n")
+        os.close(write_end)  # the rank exits
+        router.close()
+        assert (tmp_path / f"a{attempt}.out").read_bytes() == b"a line\n"
+    assert open_fds() == fds
+    assert threading.active_count() == threads

@@ -64,9 +64,23 @@ def test_the_list_groups_ranks_by_where_they_paused(paused, expected):
 
 def test_identical_answers_are_shown_once_under_their_ranks():
     rule = "-" * 16
-    assert render_answers({3: "42\n", 0: "42\n", 1: "7\n"}) == (
+    assert render_answers({(3, 30): "42\n", (0, 10): "42\n", (1, 11): "7\n"}) == (
         f"{rule}\nranks 0,3\n{rule}\n42\n{rule}\nrank 1\n{rule}\n7\n"
     )
+
+
+def test_a_rank_with_several_paused_processes_is_named_by_process():
+    rule = "-" * 16
+    answers = {(0, 10): "7\n", (1, 11): "42\n", (1, 12): "7\n"}  # rank 1 forked a worker
+    assert render_answers(answers) == (
+        f"{rule}\nranks 0, 1 (pid 12)\n{rule}\n7\n{rule}\nrank 1 (pid 11)\n{rule}\n42\n"
+    )
+    worker = Paused(1, "n1", 12, "/w/data.py", 9, "__getitem__", "breakpoint")
+    assert render_list([_paused(1), worker]) == (
+        "rank 1 (pid 12) (n1): /w/data.py:9 in __getitem__ (breakpoint)\n"
+        "rank 1 (pid 101) (n1): /w/train.py:42 in step (breakpoint)\n"
+    )
+    assert console_line(worker, "logs/7", pid=True).endswith("debug logs/7 --rank 1 --pid 12")
 
 
 @pytest.mark.parametrize(
@@ -143,7 +157,7 @@ class Nodes:
                 f"h{scope.index}",
                 directory if scope.index == 1 else None,
                 Stage(0, 0),
-                self.said.append,
+                lambda paused, pid: self.said.append(paused),
             )
             for scope, stacks in zip(scopes, self.stacks, strict=True)
         ]
@@ -172,7 +186,8 @@ class Nodes:
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             found = self.ask({"op": "list"})["paused"]
-            if found and self.ask({"op": "take", "ranks": [1], "wait": 5})["1"]["state"] == PROMPT:
+            taken = self.ask({"op": "take", "ranks": [1], "wait": 5})
+            if found and _one(taken)["state"] == PROMPT:
                 return found
         raise AssertionError("the rank never paused")
 
@@ -180,6 +195,13 @@ class Nodes:
         self.stacks[0].end()
         for desk in self.desks:
             desk.close()
+
+
+def _one(answers: dict) -> dict:
+    """The answer of the one paused process (of rank 1) to a request."""
+    [(key, answer)] = [(k, v) for k, v in answers.items() if k != "paused"]
+    assert key.startswith("1:"), key
+    return answer
 
 
 @pytest.fixture
@@ -205,9 +227,9 @@ def test_breakpoint_pauses_the_rank_until_pdb_continues_it(nodes, tmp_path):
     )
     assert nodes.desks[1].paused() and not nodes.desks[0].paused()
     assert nodes.said == [Paused.from_json(found)], "the console is told once"
-    answer = nodes.ask({"op": "send", "ranks": [1], "line": "p x", "wait": 10})["1"]
+    answer = _one(nodes.ask({"op": "send", "ranks": [1], "line": "p x", "wait": 10}))
     assert answer == {"output": "42\n", "state": PROMPT}
-    gone = nodes.ask({"op": "send", "ranks": [1], "line": "c", "wait": 10})["1"]
+    gone = _one(nodes.ask({"op": "send", "ranks": [1], "line": "c", "wait": 10}))
     assert gone["state"] == GONE
     out, err = rank.communicate(timeout=30)
     assert (rank.returncode, out) == (0, "after 42\n"), err
@@ -226,10 +248,10 @@ def test_post_mortem_pauses_at_the_raising_frame_then_the_rank_fails_with_it(nod
         "exception: ValueError: bad 7",
     )
     assert (
-        nodes.ask({"op": "send", "ranks": [1], "line": "p batch", "wait": 10})["1"]["output"]
+        _one(nodes.ask({"op": "send", "ranks": [1], "line": "p batch", "wait": 10}))["output"]
         == "7\n"
     )
-    assert nodes.ask({"op": "send", "ranks": [1], "line": "q", "wait": 10})["1"]["state"] == GONE
+    assert _one(nodes.ask({"op": "send", "ranks": [1], "line": "q", "wait": 10}))["state"] == GONE
     _, err = rank.communicate(timeout=30)
     assert rank.returncode == 1 and err.rstrip().endswith("ValueError: bad 7"), err
 
@@ -296,3 +318,104 @@ def test_the_live_table_shows_a_paused_rank_as_paused():
     view.paused = lambda: {1}
     view.stop()
     assert "paused (pdb)" in screen.getvalue() and "HUNG?" not in screen.getvalue()
+
+
+class _Session:
+    """What DebugService asks of node 0's session: the attempt's pause desk."""
+
+    def __init__(self, pauses: PauseDesk) -> None:
+        self.pauses = pauses
+
+
+def _service_pair(nodes):
+    """A client's channel to node 0's DebugService (a real channel over a socket pair), the
+    service answering on a thread of its own as node 0's endpoint would."""
+    import socket
+    import threading
+
+    from agent.control.channel import CLIENT, SERVER, Channel
+    from agent.control.debug_service import DebugService
+
+    key = os.urandom(32)
+    mine, theirs = socket.socketpair()
+    client = Channel(mine, key, CLIENT, "node 0", 30.0)
+    server = Channel(theirs, key, SERVER, "client", 30.0)
+    service = DebugService(_Session(nodes.desks[0]))
+
+    def serve(first: dict) -> threading.Thread:
+        thread = threading.Thread(target=service.handle, args=(server, first), daemon=True)
+        thread.start()
+        return thread
+
+    return client, serve
+
+
+@pytest.mark.parametrize("size", [1_500_000, 9_000_000])  # P7: over a frame; P8: over a value
+def test_a_pdb_line_over_the_limit_is_refused_and_the_rank_stays_paused(nodes, tmp_path, size):
+    script = tmp_path / "train.py"
+    script.write_text("x = 40 + 2\nbreakpoint()\nprint('after', x)\n")
+    rank = nodes.rank(str(script))
+    nodes.wait_paused()
+    client, serve = _service_pair(nodes)
+    command = {"op": "debug", "action": "command", "ranks": [1], "line": "p '" + "y" * size}
+    serve(command).join(30)
+    refused = client.recv(30)
+    assert refused["code"] == 2 and "limit" in refused["error"] and "\n" not in refused["error"]
+    serve({"op": "debug", "action": "attach", "rank": 1, "client": "test"})
+    assert client.recv(30)["attached"]["rank"] == 1
+    client.send({"line": "p '" + "y" * size + "'"})
+    answer = client.recv(30)
+    assert answer["state"] == PROMPT and answer["output"].count("\n") == 1
+    assert "refused" in answer["output"] and "stays paused" in answer["output"]
+    client.send({"line": "p x"})
+    assert client.recv(30) == {"output": "42\n", "state": PROMPT}  # the same session goes on
+    client.send({"line": "c"})
+    assert client.recv(30)["state"] == GONE
+    out, err = rank.communicate(timeout=30)
+    assert (rank.returncode, out) == (0, "after 42\n"), err
+
+
+def test_two_processes_of_one_rank_pause_at_once_and_each_is_reached(nodes, tmp_path):
+    """P10: a rank and the worker it forked stop at breakpoint() together: both are listed by
+    (rank, pid), -c reaches both, --rank alone asks which pid, each session is its own."""
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import os, sys\n"
+        "worker = os.fork()\n"  # a DataLoader worker, say
+        "x = 42 if worker else 7\n"
+        "breakpoint()\n"
+        "print('after', x, flush=True)\n"
+        "if worker:\n"
+        "    sys.exit(os.waitstatus_to_exitcode(os.waitpid(worker, 0)[1]))\n"
+    )
+    rank = nodes.rank(str(script))
+    deadline = time.monotonic() + 30
+    while len(listed := nodes.ask({"op": "list"})["paused"]) < 2:
+        assert time.monotonic() < deadline, f"both processes never paused: {listed}"
+    pids = sorted(item["pid"] for item in listed)
+    assert rank.pid in pids and {item["rank"] for item in listed} == {1}
+    worker = next(pid for pid in pids if pid != rank.pid)
+    assert len(nodes.said) == 2, "the console is told of each process"
+    client, serve = _service_pair(nodes)
+
+    serve({"op": "debug", "action": "command", "ranks": [1], "line": "p x"}).join(30)
+    answers = client.recv(30)["answers"]
+    assert {k: v["output"] for k, v in answers.items()} == {
+        f"1:{rank.pid}": "42\n",
+        f"1:{worker}": "7\n",
+    }
+    serve({"op": "debug", "action": "attach", "rank": 1, "client": "test"}).join(30)
+    which = client.recv(30)
+    assert which["code"] == 2 and "--pid" in which["error"] and str(worker) in which["error"]
+    serve({"op": "debug", "action": "attach", "rank": 1, "pid": worker, "client": "test"})
+    assert client.recv(30)["attached"]["pid"] == worker
+    client.send({"line": "p x"})
+    assert client.recv(30) == {"output": "7\n", "state": PROMPT}
+    client.send({"line": "c"})
+    assert client.recv(30)["state"] == GONE
+    client.send({"detach": True})
+    assert [item["pid"] for item in nodes.ask({"op": "list"})["paused"]] == [rank.pid]
+    serve({"op": "debug", "action": "command", "ranks": [1], "line": "c"}).join(30)
+    assert list(client.recv(30)["answers"]) == [f"1:{rank.pid}"]  # the one still paused
+    out, err = rank.communicate(timeout=30)
+    assert rank.returncode == 0 and sorted(out.splitlines()) == ["after 42", "after 7"], err

@@ -5,10 +5,13 @@ from __future__ import annotations
 import json
 import os
 import stat
+import subprocess
+import sys
 
 import pytest
+from cluster import REPO
 
-from agent.control import connection
+from agent.control import connection, wire
 from agent.errors import AgentError, ExitCode
 
 RECORD = {
@@ -80,6 +83,8 @@ def test_write_refuses_incomplete_records_and_unwritable_dirs(tmp_path):
         (json.dumps({**RECORD, "port": 65536}).encode(), "out of range"),
         (json.dumps({**RECORD, "pid": 1.5}).encode(), "pid is not int"),
         (json.dumps({**RECORD, "host": ""}).encode(), "host is empty"),
+        (json.dumps({**RECORD, "host": "a" * 64 + ".x"}).encode(), "not a host name"),
+        (json.dumps({**RECORD, "host": "\udcff"}).encode(), "not a host name"),
         (json.dumps({**RECORD, "started": "today"}).encode(), "started is not int or float"),
         (json.dumps({k: v for k, v in RECORD.items() if k != "job"}).encode(), "job is missing"),
     ],
@@ -220,3 +225,35 @@ def test_remove_deletes_only_the_file_of_the_same_agent(tmp_path):
     path.write_text("garbage")
     connection.remove(path, RECORD["pid"])  # not ours to judge: left alone
     assert path.read_text() == "garbage"
+
+
+HOSTS_IDNA_CANNOT_ENCODE = ["a" * 64 + ".x", "\udcff", "é" * 64]
+
+
+@pytest.mark.parametrize("host", HOSTS_IDNA_CANNOT_ENCODE)
+def test_connecting_to_a_host_idna_cannot_encode_is_an_unknown_host(host):
+    with pytest.raises(wire.WireError) as excinfo:
+        wire.connect(host, 29517, b"k" * 32, 1.0)
+    assert excinfo.value.seen == "unknown host" and "not a host name" in excinfo.value.message
+
+
+@pytest.mark.parametrize("host", HOSTS_IDNA_CANNOT_ENCODE)
+@pytest.mark.parametrize("command", ["status", "stacks", "debug"])
+def test_a_file_naming_such_a_host_is_one_line_from_the_cli(tmp_path, host, command):
+    """The connection file (`status --serve FILE`) and a run's control.json (`stacks LOG_DIR`,
+    `debug LOG_DIR`), as a user meets them: one line and exit 3, no UnicodeError traceback."""
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    record = json.dumps({**RECORD, "host": host, "run": 0})
+    (tmp_path / "serve-4242.json").write_text(record)
+    (logs / "control.json").write_text(record)
+    argv = ["status", "--serve", str(tmp_path / "serve-4242.json")] if command == "status" else [
+        command, str(logs)
+    ]  # fmt: skip
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "PYTHONPATH": str(REPO),
+           "AGENT_SECRET": "s"}  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "agent", *argv], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert done.returncode == ExitCode.RENDEZVOUS, done.stderr
+    assert done.stderr.count("\n") == 1 and "not a host name" in done.stderr, done.stderr

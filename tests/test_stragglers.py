@@ -178,16 +178,18 @@ def test_options_defaults():
     assert resolve({}, {"straggler_factor": 3}).straggler_factor == 3.0
 
 
-def _pace_pair(factor: float = 1.5):
-    """Node 0 and node 1's PaceWatch and node 0's PaceJudge over one in-process store, each
-    node with its own clocks."""
+def _pace_pair(factor: float = 1.5, port: int | None = None):
+    """Node 0 and node 1's PaceWatch and node 0's PaceJudge over one in-process store (or a
+    real server's at `port`), each node with its own clocks."""
     from agent.node.local_store import LocalStore
     from agent.node.scope import Scope
     from agent.node.store import Endpoint, Store
+    from agent.node.store_client import StoreClient
     from agent.node.trust import JobKeys
     from agent.run.pace import PaceJudge, PaceWatch
 
-    store = Store(LocalStore(), Endpoint("127.0.0.1", 1), "t/")
+    client = LocalStore() if port is None else StoreClient.connect("127.0.0.1", port, 10)
+    store = Store(client, Endpoint("127.0.0.1", port or 1), "t/")
     keys = JobKeys.derive(b"pace-test", "job", "0")
     clocks = [{0: StepClock(), 1: StepClock()}, {2: StepClock(), 3: StepClock()}]
     watches = [
@@ -271,3 +273,38 @@ def test_pace_watch_posts_only_when_a_rank_stepped():
     scope.put("pace/1", {"marker": True})
     watches[1].tick(3.0)  # nothing new since: the record is left alone
     assert scope.get_if("pace/1", "pace") == {"marker": True}
+
+
+def test_an_old_pace_record_written_back_names_no_straggler():
+    """S1: the outsider (torch's client) writes node 1's old slow record back after node 1
+    caught up, then garbage, then deletes it: no new episode, the newest record stands."""
+    from datetime import timedelta
+
+    from torch.distributed import TCPStore
+
+    server = TCPStore(
+        "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=30)
+    )
+    evil = TCPStore("127.0.0.1", server.port, is_master=False, timeout=timedelta(seconds=30))
+    watches, judge, clocks = _pace_pair(port=server.port)
+    _step(clocks, 0, 0.2, 6, 0.0)
+    _step(clocks, 1, 0.4, 6, 0.0)
+    for watch in watches:
+        watch.tick(10.0)
+    judge.tick(10.0)
+    assert [s.node_rank for s in judge.active] == [1]
+    key = watches[1].scope.key("pace/1")
+    slow = evil.get(key)  # node 1's genuine record of its slow steps
+    for clock in clocks[1].values():  # node 1 catches up: twenty fast steps
+        for n in range(6, 26):
+            clock.tick(n, 2.0 + (n - 5) * 0.2)
+    watches[1].tick(12.0)
+    judge.tick(12.0)
+    assert judge.active == [] and "until" in judge.episodes[0]
+    now = 13.0
+    for tamper in (lambda: evil.set(key, slow), lambda: evil.set(key, b"garbage"),
+                   lambda: evil.delete_key(key), lambda: evil.set(key, slow)):  # fmt: skip
+        tamper()
+        judge.tick(now)
+        now += 1.0
+        assert judge.active == [] and len(judge.episodes) == 1

@@ -232,3 +232,41 @@ def test_stragglers_are_shaded_on_their_lanes(per_node, entry, lanes, span):
         assert "straggler in attempt 0: " in t.shades[0].text and "0.4 s/step" in t.shades[0].text
     shaded = ET.fromstring(svg(t)).findall(f".//{SVG}rect[@class='straggler']")
     assert len(shaded) == len(lanes)
+
+
+ELEMENTS = {"svg", "rect", "text", "g", "title", "line", "path", "polygon", "circle"}
+ATTRIBUTES = {
+    "x", "y", "width", "height", "viewBox", "font-family", "font-size", "font-weight", "fill",
+    "class", "data-attempt", "text-anchor", "x1", "y1", "x2", "y2", "stroke", "stroke-dasharray",
+    "stroke-width", "fill-opacity", "d", "points", "cx", "cy", "r",
+}  # fmt: skip
+PAYLOADS = ['"><script>alert(1)</script>', '" onmouseover="alert(1)', "' onmouseover='alert(1)"]
+
+
+def poisoned(value, payload: str, replace: bool):
+    """`value` with every string in it (keys kept) replaced by, or ending in, `payload`."""
+    if isinstance(value, str):
+        return payload if replace else value + payload
+    if isinstance(value, dict):
+        return {k: poisoned(v, payload, replace) for k, v in value.items()}
+    if isinstance(value, list):
+        return [poisoned(v, payload, replace) for v in value]
+    return value
+
+
+@pytest.mark.parametrize("payload", PAYLOADS)
+@pytest.mark.parametrize("replace", [False, True], ids=["appended", "replaced"])
+@pytest.mark.parametrize(
+    "summary",
+    [FAILED, SPARE, EARLY, _straggling(2, [STRAGGLER])],
+    ids=["failed", "spare", "before-any-rank", "straggler"],
+)
+def test_no_string_from_the_summary_becomes_markup(summary, payload, replace):
+    """Every string of summary.json (states, hosts, causes, ids...) lands in text or in an
+    attribute's value, quoted: never an element or an attribute of its own."""
+    seatings = [{"attempt": 0, "nodes": [{"node": 0, "host": "n0", "ranks": [0, 1]}]}]
+    t = layout(poisoned(summary, payload, replace), poisoned(seatings, payload, replace))
+    root = ET.fromstring(svg(t))
+    for element in root.iter():
+        assert element.tag.removeprefix(SVG) in ELEMENTS, element.tag
+        assert set(element.attrib) <= ATTRIBUTES, element.attrib

@@ -44,6 +44,7 @@ class LogRouter:
         self._targets = {"out": console_out, "err": console_err}
         self._selector = selectors.DefaultSelector()
         self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_w, False)  # written with self._lock held: never waits
         self._selector.register(self._wake_r, selectors.EVENT_READ, None)
         self._pending: list[tuple[int, StreamState]] = []
         self._lock = threading.Lock()
@@ -70,19 +71,33 @@ class LogRouter:
             state.clock = self._clocks.setdefault(stream.rank, state.clock)
             self._pending.append((pipe_fd, state))
             self._states.append(state)
-        os.write(self._wake_w, b"x")
+            self._wake()
         return state
+
+    def _wake(self) -> None:
+        """Wake the reader (with self._lock held): a no-op once it has ended and closed the
+        wake pipe."""
+        if self._wake_w >= 0:
+            with contextlib.suppress(BlockingIOError):  # full: the reader is woken already
+                os.write(self._wake_w, b"x")
 
     # -- reading --------------------------------------------------------------------------
     def _read_loop(self) -> None:
-        while True:
-            for key, _ in self._selector.select():
-                if key.data is None:
-                    os.read(self._wake_r, 4096)
-                    if not self._register_pending():
-                        return
-                    continue
-                self._drain(key.fd, key.data)
+        try:
+            while True:
+                for key, _ in self._selector.select():
+                    if key.data is None:
+                        os.read(self._wake_r, 4096)
+                        if not self._register_pending():
+                            return
+                        continue
+                    self._drain(key.fd, key.data)
+        finally:  # a router per attempt: its selector and wake pipe end with it
+            self._selector.close()
+            with self._lock:
+                os.close(self._wake_r)
+                os.close(self._wake_w)
+                self._wake_w = -1
 
     def _register_pending(self) -> bool:
         with self._lock:
@@ -165,7 +180,7 @@ class LogRouter:
         state.done.set()
         with self._lock:
             if self._closing and len(self._selector.get_map()) == 1:
-                os.write(self._wake_w, b"x")
+                self._wake()
 
     def _keep_tail(self, state: StreamState, data: bytes) -> None:
         state.tail.append(data)
@@ -267,7 +282,7 @@ class LogRouter:
             state.done.wait(max(0.0, deadline - time.monotonic()))
         with self._lock:
             self._closing = True
-        os.write(self._wake_w, b"x")
+            self._wake()
         self._reader.join(max(0.0, deadline - time.monotonic()))
         self._console.put(None)
         self._writer.join(timeout)

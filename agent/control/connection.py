@@ -234,4 +234,16 @@ def _problem(record: object) -> str:
         return f"port {record['port']} is out of range 1..65535"
     if not record["host"]:
         return "host is empty"
+    if not resolvable(record["host"]):
+        return f"host {record['host'][:80]!r} is not a host name or an address"
     return ""
+
+
+def resolvable(host: str) -> bool:
+    """Whether the resolver can be asked for `host` at all: socket encodes a name with IDNA,
+    and a label over 63 characters or a lone surrogate raises UnicodeError there."""
+    try:
+        host.encode("idna")
+    except UnicodeError:
+        return False
+    return True

@@ -2,12 +2,16 @@
 
 Requests ({"op": "debug", "action": ...}, optionally "run": the run of LOG_DIR's control.json):
 - "list" → {"paused": [records]}: every node's paused ranks (agent.pause.desk).
-- "command" {"ranks": [r] | "all", "line"} → {"answers": {rank: {"output", "state"}}, "held":
-  {rank: client}}: one pdb line on each paused rank, ranks another client holds left out.
-- "attach" {"rank", "client"} → {"attached": record, "output"}; then, on the same connection,
-  {"line"} or {"take"} → {"output", "state"} until the client leaves ({"detach"} or closing it).
-  One client per rank: a second is refused with the first one's name; a client that goes away
-  (Ctrl-D, Ctrl-], killed) leaves the rank paused and free.
+- "command" {"ranks": [r] | "all", "line"} → {"answers": {"<rank>:<pid>": {"output", "state"}},
+  "held": {"<rank>:<pid>": client}}: one pdb line on every paused process of those ranks (a
+  rank's forked workers included), processes another client holds left out.
+- "attach" {"rank", "pid"?, "client"} → {"attached": record, "output"}; then, on the same
+  connection, {"line"} or {"take"} → {"output", "state"} until the client leaves ({"detach"} or
+  closing it). A rank with several paused processes needs the pid (refused naming them). One
+  client per process: a second is refused with the first one's name; a client that goes away
+  (Ctrl-D, Ctrl-], killed) leaves the process paused and free.
+A pdb line over agent.pause.frames.MAX_LINE characters is refused with one line (`-c`: an error;
+a session: that line as the output, pdb still at its prompt): it never reaches the rank.
 """
 
 from __future__ import annotations
@@ -17,8 +21,8 @@ from typing import Any
 
 from agent.control import wire
 from agent.pause.desk import PauseDesk
-from agent.pause.link import BUSY, GONE
-from agent.pause.paused import Paused
+from agent.pause.link import BUSY, GONE, PROMPT
+from agent.pause.paused import Paused, answer_key, label, line_refused, several
 from agent.plan.rank_set import format_ranges
 from agent.run.node_run import Session
 
@@ -30,7 +34,7 @@ TAKE_WAIT = 2.0
 class DebugService:
     def __init__(self, session: Session) -> None:
         self.session = session
-        self._owners: dict[int, str] = {}  # rank → the client attached to it
+        self._owners: dict[tuple[int, int], str] = {}  # (rank, pid) → the client attached to it
         self._lock = threading.Lock()
 
     def handle(self, channel: wire.Channel, first: dict[str, Any]) -> None:
@@ -67,51 +71,78 @@ class DebugService:
         line = message.get("line")
         if not isinstance(line, str) or "\n" in line.rstrip("\n"):
             return {"error": "-c takes one pdb command", "code": 2}
-        paused = {p.rank for p in paused_ranks(pauses)}
+        refused = line_refused(line)
+        if refused is not None:
+            return {"error": refused.removeprefix("[agent] "), "code": 2}
+        paused = paused_ranks(pauses)
+        ranks = {p.rank for p in paused}
         asked = message.get("ranks")
-        wanted = paused if asked == "all" else {r for r in _ints(asked) if r in paused}
+        wanted = ranks if asked == "all" else {r for r in _ints(asked) if r in ranks}
         if not wanted:
-            return {"error": _not_paused(_ints(asked), paused), "code": 2}
+            return {"error": _not_paused(_ints(asked), ranks), "code": 2}
+        processes = {(p.rank, p.pid) for p in paused if p.rank in wanted}  # each one of a rank
         with self._lock:
-            held = {r: self._owners[r] for r in wanted if r in self._owners}
-        ranks = sorted(wanted - set(held))
+            held = {p: self._owners[p] for p in processes if p in self._owners}
+        free = sorted(processes - set(held))
         answers: dict[str, Any] = {}
-        if ranks:
-            request = {"op": "send", "ranks": ranks, "line": line, "wait": COMMAND_WAIT}
+        if free:
+            request = {
+                "op": "send",
+                "ranks": sorted({rank for rank, _ in free}),
+                "procs": [list(p) for p in free],
+                "line": line,
+                "wait": COMMAND_WAIT,
+            }
             answers = _merged(pauses.ask(request))
-        if asked != "all" and held and not ranks:
-            rank, owner = next(iter(held.items()))
-            return {"error": f"rank {rank} is being debugged by {owner}", "code": 2}
-        return {"answers": answers, "held": {str(r): owner for r, owner in held.items()}}
+        named = several(processes)
+        if asked != "all" and held and not free:
+            process, owner = next(iter(held.items()))
+            return {"error": f"{label([process], named)} is being debugged by {owner}", "code": 2}
+        return {"answers": answers, "held": {answer_key(*p): owner for p, owner in held.items()}}
 
     def _attach(self, pauses: PauseDesk, channel: wire.Channel, first: dict[str, Any]) -> None:
         rank, client = first.get("rank"), str(first.get("client") or "another client")[:200]
-        found = {p.rank: p for p in paused_ranks(pauses)}
-        if not isinstance(rank, int) or rank not in found:
-            channel.send(
-                {
-                    "error": _not_paused([rank] if isinstance(rank, int) else [], set(found)),
-                    "code": 2,
-                }
-            )
+        paused = paused_ranks(pauses)
+        if not isinstance(rank, int) or rank not in {p.rank for p in paused}:
+            asked = [rank] if isinstance(rank, int) else []
+            channel.send({"error": _not_paused(asked, {p.rank for p in paused}), "code": 2})
             return
+        found = [p for p in paused if p.rank == rank]
+        pid = first.get("pid")
+        chosen = [p for p in found if p.pid == pid] if isinstance(pid, int) else found
+        if len(chosen) != 1:  # several processes of the rank paused, or not the one named
+            pids = ", ".join(str(p.pid) for p in found)
+            why = (
+                f"no process {pid} of rank {rank} is paused"
+                if chosen == []
+                else (f"rank {rank} has {len(found)} paused processes")
+            )
+            channel.send({"error": f"{why} (pids {pids}): pass --pid PID", "code": 2})
+            return
+        where = chosen[0]
+        process = (where.rank, where.pid)
+        named = several((p.rank, p.pid) for p in paused)
         with self._lock:
-            owner = self._owners.get(rank)
+            owner = self._owners.get(process)
             if owner is None:
-                self._owners[rank] = client
+                self._owners[process] = client
         if owner is not None:
-            channel.send({"error": f"rank {rank} is being debugged by {owner}", "code": 2})
+            who = label([process], named)
+            channel.send({"error": f"{who} is being debugged by {owner}", "code": 2})
             return
         try:
-            answer = _merged(pauses.ask({"op": "take", "ranks": [rank], "wait": 0}))
-            output = str(answer.get(str(rank), {}).get("output", ""))
-            channel.send({"attached": found[rank].to_json(), "output": output})
-            self._session(pauses, channel, rank)
+            request = {"op": "take", "ranks": [rank], "procs": [list(process)], "wait": 0}
+            answer = _merged(pauses.ask(request))
+            output = str(answer.get(answer_key(*process), {}).get("output", ""))
+            channel.send({"attached": where.to_json(), "output": output})
+            self._session(pauses, channel, process)
         finally:
             with self._lock:
-                self._owners.pop(rank, None)
+                self._owners.pop(process, None)
 
-    def _session(self, pauses: PauseDesk, channel: wire.Channel, rank: int) -> None:
+    def _session(self, pauses: PauseDesk, channel: wire.Channel, process: tuple[int, int]) -> None:
+        rank = process[0]
+        to = {"ranks": [rank], "procs": [list(process)]}  # this process, not its rank's others
         while True:
             try:
                 message = channel.recv(None)
@@ -120,11 +151,15 @@ class DebugService:
             if message is None or message.get("detach"):
                 return
             line = message.get("line")
+            refused = line_refused(line) if isinstance(line, str) else None
+            if refused is not None:  # pdb still waits at its prompt: the client may try again
+                channel.send({"output": refused + "\n", "state": PROMPT})
+                continue
             if isinstance(line, str):
-                request = {"op": "send", "ranks": [rank], "line": line, "wait": ATTACHED_WAIT}
+                request = {"op": "send", **to, "line": line, "wait": ATTACHED_WAIT}
             else:
-                request = {"op": "take", "ranks": [rank], "wait": TAKE_WAIT}
-            answer = _merged(pauses.ask(request)).get(str(rank))
+                request = {"op": "take", **to, "wait": TAKE_WAIT}
+            answer = _merged(pauses.ask(request)).get(answer_key(*process))
             if not isinstance(answer, dict):
                 answer = {"output": "", "state": GONE}
             channel.send(
@@ -142,7 +177,7 @@ def paused_ranks(pauses: PauseDesk | None) -> list[Paused]:
                 found.append(Paused.from_json(item))
             except ValueError:
                 continue
-    return sorted(found, key=lambda p: p.rank)
+    return sorted(found, key=lambda p: (p.rank, p.pid))
 
 
 def _merged(answers: list[dict[str, Any] | None]) -> dict[str, Any]:

@@ -43,13 +43,15 @@ def stacks_reply(session: Session, message: dict[str, Any]) -> dict[str, Any]:
     except AgentError as exc:
         return {"error": exc.message, "code": 2}
     from agent.hang.collate import collate, render
+    from agent.hang.collectives import collective_view, render_view
 
     started = time.monotonic()
     native = bool(message.get("native"))
     stacks = desk.ask(native=native, timeout=NATIVE_SECONDS if native else CAPTURE_SECONDS)
     if wanted is not None:
         stacks = [s for s in stacks if s.rank in wanted or s.rank < 0]
-    text = render(collate(stacks))
+    groups = collate(stacks)
+    text = render_view(collective_view(stacks, groups, session.ended_ranks())) + render(groups)
     paused = [p for p in paused_ranks(session.pauses) if wanted is None or p.rank in wanted]
     if paused:  # their stacks show pdb's frames: say why, and how to reach them
         text = f"paused in pdb (python -m agent debug):\n{render_list(paused)}\n{text}"

@@ -114,6 +114,10 @@ def connect(
         sock = socket.create_connection((host, port), timeout=timeout)
     except socket.gaierror as exc:  # a name that does not resolve: trying again will not help
         raise WireError(f"cannot connect to {peer}: {exc.strerror}", seen="unknown host") from None
+    except UnicodeError:  # a name IDNA cannot encode (a label over 63 characters, a surrogate)
+        raise WireError(
+            f"cannot connect to {peer!r}: not a host name or address", seen="unknown host"
+        ) from None
     except OSError as exc:
         timed_out = isinstance(exc, TimeoutError)
         why = "timed out" if timed_out else (exc.strerror or str(exc))

@@ -1,5 +1,6 @@
-"""`python -m agent debug [LOG_DIR] [--rank R | --all] [--list] [-c CMD]`: the ranks paused in
-pdb (`breakpoint()`, or `--pdb` at an uncaught exception), and a pdb session with one of them.
+"""`python -m agent debug [LOG_DIR] [--rank R [--pid P] | --all] [--list] [-c CMD]`: the ranks
+paused in pdb (`breakpoint()`, or `--pdb` at an uncaught exception), and a pdb session with one
+of them (a rank with several paused processes, a forked worker's among them: by its pid).
 
 Found like `agent stacks`: LOG_DIR/control.json for a one-shot job, else the resident agents'
 connection file; everything goes through node 0's authenticated endpoint
@@ -17,7 +18,14 @@ from typing import Any
 from agent.control.wire import Channel
 from agent.errors import AgentError, ExitCode
 from agent.history import log_dir_of
-from agent.pause.paused import Paused, render_answers, render_list
+from agent.pause.paused import (
+    Paused,
+    label,
+    parse_answer_key,
+    render_answers,
+    render_list,
+    several,
+)
 from agent.serve import client, pdb_terminal
 from agent.serve.commands import has_verdict, killed, not_live
 from agent.text import printable
@@ -42,6 +50,12 @@ def parser() -> Parser:
     which = p.add_mutually_exclusive_group()
     which.add_argument("--rank", type=int, metavar="R", help="this paused rank")
     which.add_argument("--all", action="store_true", help="every paused rank (with -c)")
+    p.add_argument(
+        "--pid",
+        type=int,
+        metavar="PID",
+        help="with --rank: this process of the rank (when several are paused: a forked worker)",
+    )
     p.add_argument("--list", action="store_true", help="the paused ranks (the default)")
     p.add_argument("-c", dest="command", metavar="CMD", help="one pdb command, e.g. 'p loss'")
     p.add_argument("--serve", metavar="FILE", help=_HELP_SERVE)
@@ -52,6 +66,8 @@ def main(argv: Sequence[str], environ: Mapping[str, str]) -> int:
     ns = parser().parse_args(list(argv))
     if ns.all and ns.command is None:
         raise AgentError("agent debug: --all needs -c CMD (one command on every paused rank)")
+    if ns.pid is not None and (ns.rank is None or ns.command is not None):
+        raise AgentError("agent debug: --pid goes with --rank R (a session with that process)")
     channel, run = _connect(ns.log_dir, ns.serve, environ)
     try:
         base: dict[str, Any] = {"op": "debug"} if run is None else {"op": "debug", "run": run}
@@ -61,7 +77,10 @@ def main(argv: Sequence[str], environ: Mapping[str, str]) -> int:
                 channel, {**base, "action": "command", "ranks": ranks, "line": ns.command}
             )
         if ns.rank is not None and not ns.list:
-            return pdb_terminal.session(channel, {**base, "action": "attach", "rank": ns.rank})
+            attach = {**base, "action": "attach", "rank": ns.rank}
+            return pdb_terminal.session(
+                channel, attach if ns.pid is None else {**attach, "pid": ns.pid}
+            )
         channel.send({**base, "action": "list"})
         reply = _answer(channel, "paused")
         paused = [Paused.from_json(item) for item in reply if isinstance(item, dict)]
@@ -104,19 +123,24 @@ def _command(channel: Channel, request: dict[str, Any]) -> int:
     reply = pdb_terminal.reply(channel)
     answers = reply.get("answers") if isinstance(reply.get("answers"), dict) else {}
     texts = {}
-    for rank, answer in answers.items():
-        if not (isinstance(answer, dict) and rank.lstrip("-").isdigit()):
+    for key, answer in answers.items():
+        process = parse_answer_key(key)
+        if not isinstance(answer, dict) or process is None:
             continue
         parts = (str(answer.get("output", "")).rstrip("\n"), _state_note(answer.get("state")))
-        texts[int(rank)] = "\n".join(part for part in parts if part) + "\n"
+        texts[process] = "\n".join(part for part in parts if part) + "\n"
     if texts:
         sys.stdout.write(printable(render_answers(texts)))
     held = reply.get("held")
-    for rank, owner in (held if isinstance(held, dict) else {}).items():
-        print(
-            f"agent debug: rank {rank} is being debugged by {printable(str(owner))}",
-            file=sys.stderr,
-        )
+    owners = {
+        process: owner
+        for key, owner in (held if isinstance(held, dict) else {}).items()
+        if (process := parse_answer_key(key)) is not None
+    }
+    named = several([*texts, *owners])
+    for process, owner in sorted(owners.items()):
+        who = label([process], named)
+        print(f"agent debug: {who} is being debugged by {printable(str(owner))}", file=sys.stderr)
     return 0
 
 

@@ -117,6 +117,16 @@ def headline(groups: Sequence[Group]) -> str:
     return "; ".join(parts)
 
 
+def places(groups: Sequence[Group]) -> dict[int, str]:
+    """rank → where its stack says it is (`step (train.py:88)`), as the headline words it."""
+    found: dict[int, str] = {}
+    for group in groups:
+        if group.key_frame is not None and group.error is None:
+            for rank in group.ranks:
+                found[rank] = _at(group.key_frame)
+    return found
+
+
 def _at(frame: Frame) -> str:
     """`step (train.py:88)`; a library's frame with its path inside the library."""
     if is_user_frame(frame):

@@ -16,12 +16,15 @@ oldest, the main thread. Frames beyond 100 are elided by faulthandler itself (" 
 from __future__ import annotations
 
 import faulthandler
+import logging
 import os
 import re
 import signal
+import stat
 
 from agent.hang.stacks import MAIN_THREAD, MAX_THREADS, Frame, ThreadStack, thread_stack
 
+log = logging.getLogger("agent")
 FALLBACK_SIGNAL = signal.SIGRTMIN + 3
 MAX_DUMP = 4 << 20  # bytes read from one dump
 _HEADER = re.compile(r"(?:Current thread|Thread) (0x[0-9a-fA-F]+)|Stack \(most recent")
@@ -30,19 +33,73 @@ _fds: list[int] = []  # this process's dump file, kept open for the handler
 
 
 def private_dir() -> str | None:
-    """This user's directory for dump files on this node (0700, ours, not a symlink); None
-    when it cannot be had, and then ranks register no fallback."""
-    import stat
-    import tempfile
+    """This user's directory for dump files and pause sockets on this node (0700, ours, not a
+    symlink): $TMPDIR/launch-agent-stacks-<uid>. Where something else holds that name (another
+    user's directory or a symlink: it would turn debugging off, or hand it to them), a fresh
+    one of this process's own, said once; None when neither can be had, and then ranks register
+    no fallback."""
+    import tempfile  # here, not at the top: a rank imports this module for install_fallback
 
-    path = os.path.join(tempfile.gettempdir(), f"launch-agent-stacks-{os.getuid()}")
+    base = tempfile.gettempdir()
+    path = os.path.join(base, f"launch-agent-stacks-{os.getuid()}")
     try:
-        os.makedirs(path, mode=0o700, exist_ok=True)
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    except OSError:
+        return None  # no TMPDIR to write in: a fresh one would fail the same way
+    try:
         info = os.lstat(path)
+        if stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid():
+            if stat.S_IMODE(info.st_mode) != 0o700:  # ours (a umask, a chmod): made private
+                os.chmod(path, 0o700)  # in a sticky /tmp only we can replace our entry
+            return path
     except OSError:
         return None
-    mine = info.st_uid == os.getuid() and stat.S_ISDIR(info.st_mode)
-    return path if mine and stat.S_IMODE(info.st_mode) == 0o700 else None
+    return _fresh_dir(base, path, info)
+
+
+_fresh: dict[str, str] = {}  # TMPDIR -> the directory this process made there
+
+
+def _fresh_dir(base: str, taken: str, info: os.stat_result) -> str | None:
+    import atexit
+    import tempfile
+
+    if base in _fresh:
+        return _fresh[base]
+    try:
+        fresh = tempfile.mkdtemp(prefix=f"launch-agent-stacks-{os.getuid()}-", dir=base)
+    except OSError as exc:
+        log.warning("stacks: %s is not ours (%s) and no other can be made: %s", taken,
+                    _impostor(info), exc.strerror or exc)  # fmt: skip
+        return None
+    log.warning(
+        "stacks: %s is not ours (%s): using %s for this agent's dumps and debug sockets",
+        taken, _impostor(info), fresh,
+    )  # fmt: skip
+    if not _fresh:
+        atexit.register(remove_fresh_dirs, os.getpid())
+    _fresh[base] = fresh
+    return fresh
+
+
+def _impostor(info: os.stat_result) -> str:
+    if stat.S_ISLNK(info.st_mode):
+        return "a symlink"
+    kind = "a directory" if stat.S_ISDIR(info.st_mode) else "not a directory"
+    return f"{kind} of uid {info.st_uid}, mode {stat.S_IMODE(info.st_mode):o}"
+
+
+def remove_fresh_dirs(owner: int | None = None) -> None:
+    """At exit, the fresh directories go with the agent that made them (never from a fork of
+    it). The agent calls this itself: it leaves by os._exit, which runs no atexit hook."""
+    import shutil
+
+    if owner is not None and os.getpid() != owner:
+        return
+    while _fresh:
+        shutil.rmtree(_fresh.popitem()[1], ignore_errors=True)
 
 
 def fallback_path(directory: str, pid: int) -> str:

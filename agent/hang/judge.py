@@ -16,6 +16,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from agent.hang.collectives import collective_view, render_view
 from agent.hang.desk import StackDesk
 from agent.hang.standing import Ended, Standing, Stillness, confirmed, stillness
 
@@ -64,8 +65,11 @@ class HangJudge:
             self.timeout,
             running,
         )
-        groups = collate(self.desk.ask(native=False))
-        text = render(groups)
+        stacks = self.desk.ask(native=False)
+        groups = collate(stacks)
+        ended = Ended.of(standings)
+        view = collective_view(stacks, groups, {e.rank: e.returncode for e in ended.ranks})
+        text = render_view(view) + render(groups)
         path = os.path.join(self.log_dir, f"stacks-a{self.attempt}.txt")
         try:
             with open(path, "w", encoding="utf-8") as f:
@@ -75,7 +79,7 @@ class HangJudge:
             path = ""
         noun = "rank" if running == 1 else "ranks"
         how = f"hang: no progress for {self.timeout:g} s from the {running} {noun} still running"
-        parts = [how, headline(groups), Ended.of(standings).clause()]
+        parts = [how, *view[:1], headline(groups), ended.clause()]
         record = {
             "kind": "hang",
             "node_rank": self.node_rank,

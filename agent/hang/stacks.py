@@ -10,6 +10,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from agent.hang.recorder import RankRecorder
+
 MAX_THREADS = 64
 MAX_FRAMES = 256  # the innermost ones are kept
 MAX_TEXT = 512
@@ -39,9 +41,11 @@ class RankStack:
     method: str  # one of METHODS; "none" when nothing could be captured
     threads: tuple[ThreadStack, ...]  # the main thread first where it is known
     error: str | None = None  # why nothing could be captured (one line)
+    recorder: RankRecorder | None = None  # its flight recorder (agent.hang.recorder), if asked
 
     def to_json(self) -> dict[str, Any]:
         return {
+            "recorder": None if self.recorder is None else self.recorder.to_json(),
             "rank": self.rank,
             "host": self.host,
             "pid": self.pid,
@@ -69,6 +73,7 @@ class RankStack:
         if not isinstance(threads, list):
             raise ValueError("stack record: threads is not a list")
         method = _text(data.get("method"), "method")
+        recorder = data.get("recorder")
         return rank_stack(
             _int(data.get("rank"), "rank"),
             _text(data.get("host"), "host"),
@@ -76,6 +81,7 @@ class RankStack:
             method if method in METHODS else "none",
             [_thread(item) for item in threads[:MAX_THREADS]],
             error,
+            None if recorder is None else RankRecorder.from_json(recorder),
         )
 
 
@@ -103,12 +109,12 @@ def rank_stack(
     method: str,
     threads: Iterable[ThreadStack],
     error: str | None = None,
+    recorder: RankRecorder | None = None,
 ) -> RankStack:
     """A rank's record cut to the bounds (threads beyond MAX_THREADS are dropped)."""
     kept = tuple(threads)[:MAX_THREADS]
-    return RankStack(
-        rank, host[:MAX_TEXT], pid, method, kept, None if error is None else one_line(error)
-    )
+    why = None if error is None else one_line(error)
+    return RankStack(rank, host[:MAX_TEXT], pid, method, kept, why, recorder)
 
 
 def failed(rank: int, host: str, pid: int, error: str) -> RankStack:

@@ -220,10 +220,13 @@ def _show_job(found: list[Any], command: HistoryCommand, out: TextIO) -> int:
 def _read(path: Path, match: Any = None) -> list[Any]:
     from agent.history.store import read
 
+    def warn(line: str) -> None:
+        print(f"agent: warning: {line}", file=sys.stderr)
+
     try:
-        return read(path, match=match)
+        return read(path, match=match, warn=warn)
     except sqlite3.Error as exc:
-        print(f"agent: warning: cannot read the history in {path} ({exc})", file=sys.stderr)
+        warn(f"cannot read the history in {path} ({exc})")
         return []
 
 

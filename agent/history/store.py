@@ -111,6 +111,7 @@ def _append_at(
     SQLite's own busy handler does not cover every case (switching a new database to WAL while
     another connection creates it answers "locked" at once)."""
     _make_dir(path.parent, private, uid)
+    _keep_private(path, uid)
     deadline = time.monotonic() + busy
     pause = 0.01
     while True:
@@ -149,7 +150,8 @@ def _append_once(path: Path, record: JobRecord, cap: int, busy: float) -> None:
             if column not in have:
                 con.execute(f"ALTER TABLE jobs ADD COLUMN {column} {kind}")
         (last,) = con.execute(
-            "SELECT max(run) FROM jobs WHERE job_id = ?", (record.job_id,)
+            "SELECT max(run) FROM jobs WHERE job_id = ? AND typeof(run) = 'integer'",
+            (record.job_id,),
         ).fetchone()
         key, run = _running_row(con, record) or (None, 0 if last is None else last + 1)
         job = con.execute(
@@ -194,7 +196,7 @@ def _running_row(con: sqlite3.Connection, record: JobRecord) -> tuple[int, int] 
         return None
     found = con.execute(
         "SELECT id, run FROM jobs WHERE status = 'running' AND log_dir = ? AND run_id = ? "
-        "ORDER BY id DESC LIMIT 1",
+        "AND typeof(run) = 'integer' ORDER BY id DESC LIMIT 1",
         (record.log_dir, record.run_id),
     ).fetchone()
     if found is None:
@@ -251,18 +253,48 @@ def _make_dir(path: Path, private: bool, uid: int) -> None:
             raise OSError(f"{path} is not a directory of user {uid}")
 
 
+def _keep_private(path: Path, uid: int) -> None:
+    """The database 0600 before SQLite opens it (every command line of this user is in it):
+    SQLite gives its -wal, -shm and -journal the database's mode. Files an older version left
+    readable by others are made private too."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)  # empty: a new database
+    try:
+        _private(fd, uid)
+    finally:
+        os.close(fd)
+    for suffix in ("-wal", "-shm", "-journal"):
+        try:
+            fd = os.open(f"{path}{suffix}", os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:  # none (the usual case), or not a file to touch
+            continue
+        try:
+            _private(fd, uid)
+        finally:
+            os.close(fd)
+
+
+def _private(fd: int, uid: int) -> None:
+    st = os.fstat(fd)
+    if stat.S_ISREG(st.st_mode) and st.st_uid == uid and st.st_mode & 0o077:
+        os.fchmod(fd, 0o600)
+
+
 def read(
     path: Path,
     job_id: str | None = None,
     run: int | None = None,
     match: Callable[[JobRecord], bool] | None = None,
+    warn: Callable[[str], None] | None = None,
 ) -> list[Stored]:
     """Every job in the database (or those of `job_id`, and `run`; or those `match` keeps, with
     their attempts), oldest first; none when the file does not exist. sqlite3.Error when it
-    cannot be read."""
+    cannot be read. SQLite keeps any type in any column: a row whose job id, run, run id, times
+    or exit code are not what this module writes is skipped (one `warn` line for them all); any
+    other odd value is shown as what fits."""
     if not path.is_file():
         return []
     con = sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True, timeout=BUSY_TIMEOUT)
+    skipped = 0
     try:
         if not con.execute("SELECT 1 FROM sqlite_master WHERE name = 'jobs'").fetchone():
             return []
@@ -278,33 +310,64 @@ def read(
             f"FROM jobs {where} ORDER BY id",
             args,
         ).fetchall()
-        jobs = [(row[0], Stored(row[1], _record(row))) for row in rows]
+        jobs: list[tuple[int, Stored]] = []
+        for row in rows:
+            stored = _job_from_row(row[1:])
+            if stored is None:
+                skipped += 1
+            else:
+                jobs.append((row[0], stored))
         if match is not None:
             jobs = [(key, stored) for key, stored in jobs if match(stored.record)]
         if job_id is not None or match is not None:  # the attempts are shown for one job only
-            attempts = _attempts(con, [key for key, _ in jobs])
+            attempts, odd = _attempts(con, [key for key, _ in jobs])
+            skipped += odd
             jobs = [
                 (key, replace(s, record=replace(s.record, attempts=attempts.get(key, ()))))
                 for key, s in jobs
             ]
     finally:
         con.close()
+    if skipped and warn is not None:
+        warn(f"{skipped} row(s) of {path} skipped: not as agent history writes them")
     return [stored for _, stored in jobs]
 
 
-def _record(row: Sequence) -> JobRecord:
-    return JobRecord(
-        run_id=row[16] or run_id(row[2], row[3] or ""),  # older rows: their job and step
-        job_id=row[2], step=row[3] or "", command=row[4] or "", start=row[5],
-        end=row[6], nodes=row[7], ranks=row[8], spares_used=tuple(_json(row[9])),
-        exit_code=row[10], status=row[11], cause=row[12], restarts=row[13],
-        stragglers=tuple(_json(row[14])), log_dir=row[15] or "", attempts=(),
-        node0=_map(row[17]),
+def _job_from_row(row: Sequence[object]) -> Stored | None:
+    """A jobs row (from `run` on, then the _ADDED columns) as read back, without its attempts;
+    None when what identifies or orders it (job id, run, run id, times, exit code) does not
+    fit. A job's running record has no exit code yet."""
+    (run, job_id, step, command, start, end, nodes, ranks, spares, exit_code, status, cause,
+     restarts, stragglers, log_dir, rid, node0) = row  # fmt: skip
+    start, end = _time(start), _time(end)
+    if not isinstance(job_id, str) or not _is_int(run) or start is None or end is None:
+        return None
+    if rid is not None and not isinstance(rid, str):
+        return None
+    status = _text(status)
+    if not (_is_int(exit_code) or (exit_code is None and status == "running")):
+        return None
+    return Stored(
+        run,  # type: ignore[arg-type]  # checked above
+        JobRecord(
+            # older rows (no run_id): the id their job and step make
+            run_id=rid if isinstance(rid, str) and rid else run_id(job_id, _text(step)),
+            job_id=job_id, step=_text(step), command=_text(command), start=start, end=end,
+            nodes=_count(nodes), ranks=_count(ranks), spares_used=_texts(spares),
+            exit_code=exit_code,  # type: ignore[arg-type]  # checked above
+            status=status, cause=_text(cause) or None, restarts=_count(restarts),
+            stragglers=_texts(stragglers), log_dir=_text(log_dir), attempts=(),
+            node0=_map(node0),
+        ),
     )  # fmt: skip
 
 
-def _attempts(con: sqlite3.Connection, keys: Sequence[int]) -> dict[int, tuple[AttemptRecord, ...]]:
+def _attempts(
+    con: sqlite3.Connection, keys: Sequence[int]
+) -> tuple[dict[int, tuple[AttemptRecord, ...]], int]:
+    """The attempts of the jobs `keys` name, and how many of their rows were skipped."""
     found: dict[int, list[AttemptRecord]] = {}
+    skipped = 0
     for at in range(0, len(keys), 500):  # SQLite's bound on the variables of one statement
         chunk = keys[at : at + 500]
         for row in con.execute(
@@ -313,28 +376,76 @@ def _attempts(con: sqlite3.Connection, keys: Sequence[int]) -> dict[int, tuple[A
             "ORDER BY job, attempt",
             chunk,
         ):
-            found.setdefault(row[0], []).append(
-                AttemptRecord(*row[1:7], tuple(_json(row[7])), tuple(_json(row[8])), row[9])
-            )
-    return {key: tuple(records) for key, records in found.items()}
+            attempt = _attempt_from_row(row[1:])
+            if attempt is None:
+                skipped += 1
+            else:
+                found.setdefault(row[0], []).append(attempt)
+    return {key: tuple(records) for key, records in found.items()}, skipped
 
 
 def _columns(con: sqlite3.Connection) -> set[str]:
     return {row[1] for row in con.execute("PRAGMA table_info(jobs)")}
 
 
-def _map(text: str | None) -> dict | None:
+def _map(text: object) -> dict | None:
+    if not isinstance(text, (str, bytes)):
+        return None
     try:
         value = json.loads(text) if text else None
-    except ValueError:
+    except (ValueError, RecursionError):  # UnicodeDecodeError included; {{{{... nested deep
         return None
     return value if isinstance(value, dict) else None
 
 
-def _json(text: str | None) -> list:
+def _attempt_from_row(row: Sequence[object]) -> AttemptRecord | None:
+    """An attempts row (from `attempt` on); None when its number does not fit."""
+    attempt, start, end, nodes, ranks, failed, spares, lost_nodes, cause = row
+    if not _is_int(attempt):
+        return None
+    lost = tuple(n for n in _json(lost_nodes) if _is_int(n))
+    return AttemptRecord(
+        attempt, _time(start), _time(end), _count(nodes), _count(ranks), _count(failed),  # type: ignore[arg-type]
+        _texts(spares), lost, _text(cause) or None,
+    )  # fmt: skip
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _count(value: object) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+LATEST = 1e11  # seconds since the epoch: year 5138; beyond, localtime() overflows
+
+
+def _time(value: object) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if 0 <= value < LATEST else None  # NaN fails both
+
+
+def _text(value: object) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return str(value)
+
+
+def _texts(value: object) -> tuple[str, ...]:
+    """A JSON list of names, as written by append; what is not a name is left out."""
+    return tuple(v for v in _json(value) if isinstance(v, str))
+
+
+def _json(text: object) -> list:
+    if not isinstance(text, (str, bytes)):
+        return []
     try:
         value = json.loads(text or "[]")
-    except ValueError:
+    except (ValueError, RecursionError):  # UnicodeDecodeError included; [[[[... nested deep
         return []
     return value if isinstance(value, list) else []
 

@@ -160,7 +160,7 @@ def exit_text(code: int | None) -> str:
 def job_facts(stored: Stored) -> list[str]:
     """The lines above one job's attempt table."""
     r = stored.record
-    verdict = _NO_VERDICT.get(r.status) or f"{r.status}, exit {r.exit_code}"
+    verdict = _NO_VERDICT.get(r.status) or f"{safe(r.status)}, exit {r.exit_code}"
     lines = [
         f"job {name(stored)} (step {safe(r.step) or '-'}): {verdict}, "
         f"{r.restarts} restart(s), {r.nodes} node(s), {r.ranks} rank(s)",

@@ -381,7 +381,7 @@ def svg(t: Timeline) -> str:
         y = TOP + bar.lane * lane_h + 2
         x0 = x(bar.start)
         out.append(
-            f'<rect class="bar {bar.state}" x="{x0:.1f}" y="{y}" '
+            f'<rect class="bar {_esc(bar.state)}" x="{x0:.1f}" y="{y}" '
             f'width="{max(x(bar.end) - x0, 1.5):.1f}" height="{lane_h - 4}" '
             f'fill="{COLOURS.get(bar.state, OTHER)}"><title>{_esc(t.lanes[bar.lane])} {_esc(bar.tip)}</title></rect>'
         )
@@ -460,9 +460,13 @@ def _mark(mark: Mark, mx: float, lane_h: int, bottom: int, cy: float | None = No
 _NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\ufffe\uffff\ud800-\udfff]")
 
 
+_QUOTES = {'"': "&quot;", "'": "&apos;"}
+
+
 def _esc(text: str) -> str:
-    """Text fit for an SVG element: characters XML 1.0 cannot hold shown as \\xNN, then escaped."""
-    return escape(_NOT_XML.sub(lambda m: f"\\x{ord(m[0]):02x}", text))
+    """Text fit for an SVG element or an attribute's value: characters XML 1.0 cannot hold shown
+    as \\xNN, then escaped, quotes included (a quote would end the attribute)."""
+    return escape(_NOT_XML.sub(lambda m: f"\\x{ord(m[0]):02x}", text), _QUOTES)
 
 
 def _cut(text: str, limit: int) -> str:

@@ -11,25 +11,26 @@ be bound is one warning: the run goes on without /metrics, metrics.prom is still
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import ipaddress
 import logging
 import os
+import selectors
 import socket
-import sys
 import threading
+import time
 from collections.abc import Callable, Collection
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from urllib.parse import urlsplit
+from dataclasses import dataclass
 
+from agent.metrics import scrape
 from agent.metrics.recorder import RunMetrics
-from agent.node.hosting import is_ip
+from agent.node import hosting
 from agent.plan.run_plan import RunPlan
 from agent.world import World
 
 log = logging.getLogger("agent")
 TEXTFILE = "metrics.prom"  # node-exporter's textfile collector reads *.prom
-POLL = 0.1  # how often the server looks for close(): what closing adds to a run's end
 
 
 def run_metrics(
@@ -90,7 +91,7 @@ def job_address(master_addr: str) -> str:
         addr = str(found[0][4][0])
     except (OSError, IndexError):
         return "0.0.0.0"
-    if ipaddress.ip_address(addr).is_loopback and not is_ip(master_addr):
+    if ipaddress.ip_address(addr).is_loopback and not hosting.is_ip(master_addr):
         return "0.0.0.0"
     return addr
 
@@ -106,63 +107,250 @@ def write_textfile(exposition: object, log_dir: str) -> None:
         log.error("cannot write %s (%s)", path, exc.strerror or exc)
 
 
-class MetricsServer:
-    """GET /metrics on ADDR:PORT from a daemon thread (a thread per request: one slow client
-    never holds the others); `close()` stops it and frees the port."""
+@dataclass(frozen=True)
+class Bounds:
+    """What scrapers may take of node 0 together: ~1,000 idle connections once spent every
+    descriptor the job needed to report a rank's failure."""
 
-    def __init__(self, render: Callable[[], bytes], addr: str, port: int) -> None:
-        server_class = _V6Server if ":" in addr else _Server
-        self.httpd = server_class((addr, port), _Handler)
-        self.httpd.render = render
-        self.addr, self.port = addr, int(self.httpd.server_address[1])
-        self.thread = threading.Thread(
-            target=self.httpd.serve_forever, kwargs={"poll_interval": POLL}, name="metrics",
-            daemon=True,
-        )  # fmt: skip
-        self.thread.start()
+    connections: int = 64  # at once; a new one takes the place of the oldest still sending
+    request_seconds: float = 3.0  # for the whole request head (a scraper sends it at once)
+    request_bytes: int = 8192  # request line and headers (a scraper's are ~300)
+    reply_seconds: float = 10.0  # for the scraper to take the reply
+    fd_reserve: int = 64  # descriptors kept for the job's own work: the server never takes them
+
+
+SHORT_OF_FDS = 0.1  # seconds without accepting after accept() failed (EMFILE): no busy loop
+FDS_LOOK_EVERY = 0.2  # seconds between counts of the open descriptors (~2.5 ms at 2,000)
+ACCEPTS_A_WAKE = 64  # a flood of connections never starves the requests being read
+BACKLOG = 512
+
+
+@dataclass
+class _Request:
+    peer: object
+    deadline: float  # time.monotonic()
+    head: bytes = b""
+
+
+class MetricsServer:
+    """GET /metrics on ADDR:PORT. One thread accepts and reads every request head (an idle
+    connection costs a descriptor, no thread); each complete request is answered from a thread
+    of its own (one slow scraper never holds the others). Connections, their time and bytes,
+    and the process's descriptors are bounded (`Bounds`); `close()` ends every connection and
+    thread and frees the port."""
+
+    def __init__(
+        self,
+        render: Callable[[], bytes],
+        addr: str,
+        port: int,
+        bounds: Bounds = Bounds(),
+        free_fds: Callable[[], int | None] = hosting.free_fds,
+    ) -> None:
+        family = socket.AF_INET6 if ":" in addr else socket.AF_INET
+        self._listener = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            self._listener.bind((addr, port))
+            self._listener.listen(BACKLOG)
+            self._listener.setblocking(False)
+            self._selector = selectors.DefaultSelector()
+        except OSError:
+            self._listener.close()
+            raise
+        self._selector.register(self._listener, selectors.EVENT_READ)
+        self.addr, self.port = addr, int(self._listener.getsockname()[1])
+        self._render, self._bounds, self._free_fds = render, bounds, free_fds
+        self._reading: dict[socket.socket, _Request] = {}  # oldest first: by deadline
+        self._lock = threading.Lock()  # guards _replying
+        self._replying: dict[socket.socket, threading.Thread] = {}
+        self._threads: list[threading.Thread] = []  # repliers, those ending included
+        self._accept_again = 0.0  # time.monotonic() to accept again after accept() failed
+        self._fds = (-FDS_LOOK_EVERY, None, 0)  # the last count: when, free then, held then
+        self._short = ""  # why connections are turned away now (told once per shortage)
+        self._closed = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="metrics", daemon=True)
+        self._thread.start()
 
     def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
-        self.thread.join(5.0)
+        self._closed.set()
+        with contextlib.suppress(OSError):
+            self._listener.shutdown(socket.SHUT_RDWR)  # wakes the loop's select()
+        self._thread.join(5.0)  # it closes what it reads from, the listener last
+        with self._lock:
+            for conn in self._replying:
+                _hang_up(conn)  # its thread's send returns at once; that thread closes it
+        for thread in self._threads:
+            thread.join(5.0)
 
+    def _loop(self) -> None:
+        try:
+            while not self._closed.is_set():
+                for key, _ in self._selector.select(self._timeout()):
+                    if key.fileobj is self._listener:
+                        self._accept()
+                    else:
+                        self._read(key.fileobj)  # type: ignore[arg-type]  # ours: sockets
+                self._expire()
+        finally:
+            for conn in self._reading:
+                conn.close()
+            self._reading.clear()
+            self._selector.close()
+            self._listener.close()
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    render: Callable[[], bytes]
+    def _timeout(self) -> float | None:
+        """Until the oldest request's deadline or accepting again, whichever is first."""
+        now = time.monotonic()
+        if self._accept_again:
+            if now >= self._accept_again:
+                self._accept_again = 0.0
+                self._selector.register(self._listener, selectors.EVENT_READ)
+            else:
+                return self._accept_again - now
+        oldest = next(iter(self._reading.values()), None)
+        return None if oldest is None else max(0.0, oldest.deadline - now)
 
-    def handle_error(self, request: object, client_address: object) -> None:
-        """One line, not socketserver's traceback on the job's console (a scraper that hung
-        up mid-reply, or a bug of ours: the run goes on either way)."""
-        failed = sys.exc_info()[1]
-        log.warning("metrics: a scrape from %s failed: %r", client_address, failed)
+    def _expire(self) -> None:
+        now = time.monotonic()
+        while self._reading:
+            conn, request = next(iter(self._reading.items()))
+            if request.deadline > now:
+                return
+            self._drop(conn)  # silent or trickling: no complete request in time
 
+    def _accept(self) -> None:
+        for _ in range(ACCEPTS_A_WAKE):
+            try:
+                conn, peer = self._listener.accept()
+            except BlockingIOError:
+                return
+            except OSError as exc:
+                if not self._closed.is_set():  # EMFILE and the like: the peer waits in the backlog
+                    self._tell_short(f"cannot accept a connection: {exc.strerror or exc}")
+                    self._selector.unregister(self._listener)
+                    self._accept_again = time.monotonic() + SHORT_OF_FDS
+                return
+            self._admit(conn, peer)
 
-class _V6Server(_Server):
-    address_family = socket.AF_INET6
+    def _admit(self, conn: socket.socket, peer: object) -> None:
+        """Read `conn`'s request. At the cap, or short of descriptors, it takes the place of the
+        oldest connection still sending its request (an idle crowd cannot keep a scraper out,
+        and the server never grows into the reserve); with none such (every one is being
+        answered) it is turned away."""
+        with self._lock:
+            held = len(self._reading) + len(self._replying)
+        short = self._short_of_fds(held)
+        if short or held >= self._bounds.connections:
+            if not self._reading:
+                _send_now(conn, scrape.CROWDED)
+                conn.close()
+                return
+            self._drop(next(iter(self._reading)))
+        conn.setblocking(False)
+        deadline = time.monotonic() + self._bounds.request_seconds
+        self._reading[conn] = _Request(peer, deadline)
+        self._selector.register(conn, selectors.EVENT_READ)
 
+    def _short_of_fds(self, held: int) -> bool:
+        """Fewer free descriptors than the reserve: counted at most every FDS_LOOK_EVERY (the
+        count costs ~1 µs a descriptor), in between less what this server took since."""
+        now = time.monotonic()
+        looked, free, held_then = self._fds
+        if now - looked >= FDS_LOOK_EVERY:
+            looked, free, held_then = self._fds = (now, self._free_fds(), held)
+        if free is None:
+            return False
+        free -= held - held_then
+        if free >= self._bounds.fd_reserve:
+            self._short = ""
+            return False
+        self._tell_short(f"{free} descriptors left, {self._bounds.fd_reserve} kept for the job")
+        return True
 
-class _Handler(BaseHTTPRequestHandler):
-    server: _Server
-    # Headers and body are two writes: with Nagle's algorithm the body waits for the scraper's
-    # delayed ACK of the headers (40 ms on Linux) on every scrape.
-    disable_nagle_algorithm = True
+    def _tell_short(self, why: str) -> None:
+        if not self._short:  # once per shortage
+            log.warning(
+                "metrics: %s; /metrics takes no more connections until descriptors are freed "
+                "(the open-files limit, `ulimit -n`, is nearly spent)",
+                why,
+            )
+        self._short = why
 
-    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
-        if urlsplit(self.path).path != "/metrics":
-            self._reply(404, b"not here: GET /metrics\n", "text/plain; charset=utf-8")
+    def _read(self, conn: socket.socket) -> None:
+        request = self._reading[conn]
+        try:
+            chunk = conn.recv(self._bounds.request_bytes + 1 - len(request.head))
+        except BlockingIOError:
             return
-        from prometheus_client.exposition import choose_encoder
+        except OSError:
+            chunk = b""
+        if not chunk:  # the peer hung up
+            self._drop(conn)
+            return
+        request.head += chunk
+        if scrape.complete(request.head):
+            self._reply(conn, request, lambda: scrape.answer(request.head, self._render))
+        elif len(request.head) > self._bounds.request_bytes:
+            self._reply(conn, request, lambda: scrape.TOO_LARGE)
 
-        # The text format every scraper takes (the library's answer to no Accept header).
-        self._reply(200, self.server.render(), choose_encoder("")[1])
+    def _drop(self, conn: socket.socket) -> None:
+        del self._reading[conn]
+        self._selector.unregister(conn)
+        conn.close()
 
-    def _reply(self, code: int, body: bytes, kind: str) -> None:
-        self.send_response(code)
-        self.send_header("Content-Type", kind)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+    def _reply(self, conn: socket.socket, request: _Request, answer: Callable[[], bytes]) -> None:
+        del self._reading[conn]
+        self._selector.unregister(conn)
+        thread = threading.Thread(
+            target=self._send, args=(conn, request, answer), name="metrics-scrape", daemon=True
+        )
+        with self._lock:
+            self._replying[conn] = thread
+        self._threads = [t for t in self._threads if t.is_alive()]
+        self._threads.append(thread)
+        thread.start()
 
-    def log_message(self, format: str, *args: object) -> None:  # noqa: A002
-        """No access log on the job's console."""
+    def _send(self, conn: socket.socket, request: _Request, answer: Callable[[], bytes]) -> None:
+        try:
+            reply = answer()
+            conn.settimeout(self._bounds.reply_seconds)
+            # One send, but a body over one segment would still wait for the scraper's delayed
+            # ACK (40 ms on Linux) under Nagle's algorithm.
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            conn.sendall(reply)
+            if reply is scrape.TOO_LARGE:
+                _drain(conn, request.deadline)
+        except OSError:  # a peer that hung up or was too slow: nothing to say on the console
+            pass
+        except Exception as exc:  # a bug of ours: one line, and the run goes on
+            log.warning("metrics: a scrape from %s failed: %r", request.peer, exc)
+        finally:
+            with self._lock:
+                del self._replying[conn]
+            conn.close()
+
+
+def _hang_up(conn: socket.socket) -> None:
+    """End a connection another thread owns: its send returns at once; that thread closes it
+    (closing here could close a descriptor number the process reused meanwhile)."""
+    with contextlib.suppress(OSError):
+        conn.shutdown(socket.SHUT_RDWR)
+
+
+def _drain(conn: socket.socket, deadline: float) -> None:
+    """Read what the peer still sends until it closes or `deadline` passes: closing with unread
+    bytes would reset the connection, and the peer would lose the reply before reading it."""
+    with contextlib.suppress(OSError):
+        conn.shutdown(socket.SHUT_WR)
+        while (left := deadline - time.monotonic()) > 0:
+            conn.settimeout(left)
+            if not conn.recv(65536):
+                return
+
+
+def _send_now(conn: socket.socket, data: bytes) -> None:
+    """What fits in the socket's buffer now, never waiting on the peer."""
+    with contextlib.suppress(OSError):
+        conn.setblocking(False)
+        conn.send(data)

@@ -206,7 +206,7 @@ class NodeAgent:
             if self.leader:
                 m = self.membership.scope.on(fresh)
                 peers = self._peers()
-                if not everyone:
+                if not everyone:  # the claim counters: an outsider's bump costs a linger only
                     peers = [i for i in peers if fresh.exists(m.key("claim", i))]
                 self._linger(fresh, peers, 10.0 if everyone else 5.0)
 

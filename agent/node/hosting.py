@@ -1,9 +1,11 @@
 """What node 0 asks of the OS to host the job store: file descriptors for thousands of agents'
-connections, a port probe, IP literals told from host names."""
+connections (and how many are still free), a port probe, IP literals told from host names."""
 
 from __future__ import annotations
 
+import errno
 import ipaddress
+import os
 import resource
 import socket
 
@@ -27,6 +29,19 @@ def raise_fd_limit(agents: int) -> tuple[int, int]:
             return soft, soft
         return soft, wanted
     return soft, soft
+
+
+def free_fds() -> int | None:
+    """Descriptors this process may still open (its soft limit less those open now); None where
+    that cannot be known (no limit, no /proc)."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return None
+    try:
+        open_now = len(os.listdir("/proc/self/fd")) - 1  # less the one listdir itself held
+    except OSError as exc:
+        return 0 if exc.errno in (errno.EMFILE, errno.ENFILE) else None
+    return soft - open_now
 
 
 def is_ip(text: str) -> bool:

@@ -7,6 +7,8 @@ multi-key call per heartbeat tick. No compare-and-set loops, no polling sleeps: 
 from __future__ import annotations
 
 import logging
+import os
+import secrets
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -16,6 +18,7 @@ from agent.node.scope import Scope
 from agent.node.sealed import tell_refused
 from agent.node.store import Store
 from agent.node.trust import JobKeys, Refused
+from agent.text import printable
 
 log = logging.getLogger("agent")
 
@@ -24,6 +27,10 @@ FIRST_TICK = 30.0  # seconds node 0 waits for a peer's first heartbeat before co
 # --heartbeat-timeout. Node 0's store spends ~4x more on a query it answers (a write, the reply's
 # delivery) than on one it only reads (4,096 a second on this machine: 9 % of a core against 2 %).
 TICKS_PER_SECOND = 2048
+# A later claimant of a node index waits this long for the sealed claims of the earlier tickets
+# (written one query after their ticket was taken); a ticket an outsider took costs it once.
+CLAIM_WAIT = 3.0
+CLAIM_WINDOW = 64  # earlier tickets looked at: two agents of one index take theirs together
 SCOPE = "m"  # the membership's keys: claims, the join, beats, departures (gone/<index>)
 
 
@@ -51,12 +58,31 @@ class Membership:
         self.names = names  # "node 3 (n4)" per agent, for messages
         self.scope = Scope(store, SCOPE, index, keys, wakes=("done",))
 
-    def claim(self, host: str) -> None:
+    def claim(self, host: str, wait: float = CLAIM_WAIT) -> None:
         """Take this node index for the job, once: a second agent with the same one is refused
-        before it writes anything else, so the job that holds the index is left untouched."""
-        if self.store.add(self.scope.key("claim", self.index)) != 1:
+        before it writes anything else of the job, so the job that holds the index is left
+        untouched.
+
+        The claim is this agent's own sealed record under `claim/<index>/<ticket>` (its host,
+        pid and a nonce); the `claim/<index>` counter only hands out tickets. An agent is refused
+        only on a sealed claim of an earlier ticket that is not its own: a later ticket waits
+        (`wait` seconds at most) for the earlier ones' records, which their agents write right
+        after taking them. A ticket an outsider took with `add()` never gets a record: it costs
+        that wait once and refuses no one."""
+        ticket = self.store.add(self.scope.key("claim", self.index))
+        mine = {"i": self.index, "ticket": ticket, "host": host, "pid": os.getpid()}
+        mine["nonce"] = secrets.token_hex(8)
+        self.scope.put(f"claim/{self.index}/{ticket}", mine)
+        earlier = [f"claim/{self.index}/{t}" for t in range(max(1, ticket - CLAIM_WINDOW), ticket)]
+        if earlier:
+            self.store.wait([self.scope.key(name) for name in earlier], wait)
+        for name in earlier:
+            other = self.scope.get_if(name, "node claim")
+            if other is None or other.get("i") != self.index or other.get("nonce") == mine["nonce"]:
+                continue
             raise AgentError(
-                f"{self.names[self.index]} is already taken in this job (job {self.store.ns!r}): "
+                f"{self.names[self.index]} is already taken in this job (job {self.store.ns!r}) "
+                f"by the agent pid {other.get('pid')} on {printable(str(other.get('host')))}: "
                 "another agent with the same job, step and node index is running; start one "
                 "agent per node (srun --ntasks-per-node=1), or give this job its own --job-id",
                 ExitCode.RENDEZVOUS,

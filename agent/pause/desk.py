@@ -10,9 +10,14 @@ the agent holding the ranks answers a pdb line from a thread and a store connect
 desk's own (a line may take seconds). No port is opened:
 clients reach node 0's authenticated endpoint only (agent.control.debug_service).
 
+Several processes of one rank may pause at once (a forked DataLoader worker stopping in
+`__getitem__` while its rank stops in the training loop): each is a link of its own, keyed by
+(rank, pid), and requests reach each.
+
 Requests: {"op": "list"} → {"paused": [records]}; {"op": "send", "ranks", "line", "wait"} and
-{"op": "take", "ranks", "wait"} → {"answers": {rank: {"output", "state"}}} for the ranks this
-node holds.
+{"op": "take", "ranks", "wait"} → {"answers": {"<rank>:<pid>": {"output", "state"}}} for the
+paused processes of those ranks this node holds; "procs": [[rank, pid], ...] narrows a request
+to those processes.
 """
 
 from __future__ import annotations
@@ -30,8 +35,8 @@ from agent.node.scope import Scope
 from agent.node.stage import Stage
 from agent.pause import acceptor
 from agent.pause.hook import SOCKET_ENV
-from agent.pause.link import RankLink
-from agent.pause.paused import Paused
+from agent.pause.link import GONE, RankLink
+from agent.pause.paused import Paused, answer_key
 
 log = logging.getLogger("agent")
 ANSWER_SLACK = 3.0  # seconds node 0 waits beyond what a request allows each node
@@ -47,7 +52,9 @@ class PauseDesk:
         host: str,
         directory: str | None,  # this agent's private directory (None: no debugging here)
         stage: Stage,
-        announce: Callable[[Paused], None],  # once per rank: the console line
+        # once per paused process: the console line (True: another process of its rank is
+        # paused too, so the line names its pid)
+        announce: Callable[[Paused, bool], None],
     ) -> None:
         self.scope, self.stacks, self.host, self.stage = scope, stacks, host, stage
         self.announce = announce
@@ -56,8 +63,8 @@ class PauseDesk:
             if directory
             else None
         )
-        self._links: dict[int, RankLink] = {}
-        self._announced: set[int] = set()
+        self._links: dict[tuple[int, int], RankLink] = {}  # (rank, pid) → its session
+        self._announced: set[tuple[int, int]] = set()
         self._lock = threading.Lock()
         self._spare: list[Scope] = []  # store connections for reply and ask threads
         self._listener: socket.socket | None = None
@@ -81,7 +88,7 @@ class PauseDesk:
 
     def paused_ranks(self) -> set[int]:
         with self._lock:
-            return {rank for rank, link in self._links.items() if link.paused}
+            return {rank for (rank, _), link in self._links.items() if link.paused}
 
     def local(self) -> list[Paused]:
         with self._lock:
@@ -124,15 +131,22 @@ class PauseDesk:
         RankLink(conn, self.host, self._paused).start()
 
     def _paused(self, link: RankLink) -> None:
+        process = (link.rank, link.pid)
         with self._lock:
-            old = self._links.get(link.rank)
-            self._links[link.rank] = link
-            first = link.rank not in self._announced
-            self._announced.add(link.rank)
+            for key in [k for k, old in self._links.items() if old.state == GONE]:
+                del self._links[key]  # sessions that ended (a worker that exited, say)
+            old = self._links.get(process)
+            self._links[process] = link
+            first = process not in self._announced
+            self._announced.add(process)
+            sibling = any(
+                r == link.rank and other is not link and other.paused
+                for (r, _), other in self._links.items()
+            )
         if old is not None and old is not link:
-            old.close()  # an older session of the same rank (breakpoints left, then paused)
+            old.close()  # an older session of the same process (breakpoints left, then paused)
         if first and link.where is not None:
-            self.announce(link.where)
+            self.announce(link.where, sibling)
 
     def _relay(self, number: int, request: dict[str, Any]) -> dict[str, Any] | None:
         """The answer now when it is quick (a list; none of the ranks asked for is here), on
@@ -145,10 +159,14 @@ class PauseDesk:
         ).start()
         return None
 
-    def _links_for(self, request: dict[str, Any]) -> dict[int, RankLink]:
-        ranks = _ranks(request.get("ranks"))
+    def _links_for(self, request: dict[str, Any]) -> dict[tuple[int, int], RankLink]:
+        ranks, procs = _ranks(request.get("ranks")), _procs(request.get("procs"))
         with self._lock:
-            return {r: link for r, link in self._links.items() if ranks is None or r in ranks}
+            return {
+                process: link
+                for process, link in self._links.items()
+                if (ranks is None or process[0] in ranks) and (procs is None or process in procs)
+            }
 
     def _reply(self, number: int, request: dict[str, Any]) -> None:
         with contextlib.suppress(Exception), self._connection() as side:
@@ -177,12 +195,12 @@ class PauseDesk:
             return {"answers": {}}
         answers: dict[str, dict[str, str]] = {}
 
-        def one(rank: int, link: RankLink) -> None:  # ranks at once: pdb lines may take time
+        def one(process: tuple[int, int], link: RankLink) -> None:  # at once: lines take time
             if isinstance(line, str) and op == "send":
                 output, state = link.exchange(line, wait)
             else:
                 output, state = link.take(wait)
-            answers[str(rank)] = {"output": output, "state": state}
+            answers[answer_key(*process)] = {"output": output, "state": state}
 
         threads = [threading.Thread(target=one, args=item) for item in links.items()]
         for thread in threads:
@@ -206,6 +224,19 @@ def _wait(value: object) -> float:
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return max(0.0, min(float(value), MAX_WAIT))
     return 0.0
+
+
+def _procs(value: object) -> set[tuple[int, int]] | None:
+    """The processes a request names ([rank, pid] pairs); None: every one of its ranks."""
+    if not isinstance(value, list):
+        return None
+    return {
+        (item[0], item[1])
+        for item in value[:65536]
+        if isinstance(item, list)
+        and len(item) == 2
+        and all(isinstance(n, int) and not isinstance(n, bool) for n in item)
+    }
 
 
 def _ranks(value: object) -> set[int] | None:

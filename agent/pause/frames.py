@@ -11,6 +11,10 @@ import json
 from typing import Any, BinaryIO
 
 MAX_FRAME = 1 << 20  # bytes of one line: pdb output of a huge repr is cut, not the link
+# Characters of one pdb line a client may send: refused beyond it (agent.pause.paused
+# .line_refused), so that it always fits one frame to the rank (even as \uXXXX escapes) and one
+# sealed request in the job store; no one types more at a pdb prompt.
+MAX_LINE = 64 << 10
 
 
 def encode(message: dict[str, Any]) -> bytes:

@@ -9,7 +9,7 @@ import threading
 from collections.abc import Callable
 
 from agent.pause.frames import encode, read
-from agent.pause.paused import Paused
+from agent.pause.paused import Paused, line_refused
 
 MAX_OUTPUT = 4 << 20  # characters of pdb output kept for the next answer (the oldest go)
 PROMPT = "prompt"  # pdb waits for a line
@@ -41,7 +41,10 @@ class RankLink:
     def exchange(self, line: str, wait: float) -> tuple[str, str]:
         """Send pdb one line; (its output, the state after) once pdb asks for the next line,
         the rank runs on, or `wait` seconds passed (state BUSY: ask `take` again later)."""
+        refused = line_refused(line)
         with self._cond:
+            if refused is not None:  # it would end the link (a frame's limit): pdb never sees it
+                return refused + "\n", self.state
             if self.state != PROMPT:
                 return self._take(), self.state
             self._take()  # the stop's banner, or what a detached client left: not this answer

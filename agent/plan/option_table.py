@@ -133,6 +133,13 @@ OPTIONS: tuple[Option, ...] = (
         above=True,
     ),
     Option(
+        "flight_recorder",
+        bool,
+        True,
+        "torch's flight recorder on in every rank, and a probe there that answers the agent with "
+        "its last collectives: `agent stacks` and hangs say which collective, and who never came",
+    ),
+    Option(
         "hang_timeout",
         float,
         0.0,

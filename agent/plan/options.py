@@ -48,6 +48,7 @@ class Options:
     rank_prefix: str | None = _default("rank_prefix")
     rank_prefix_ranks: str = _default("rank_prefix_ranks")
     hang_warning: float = _default("hang_warning")
+    flight_recorder: bool = _default("flight_recorder")
     hang_timeout: float = _default("hang_timeout")
     pdb: bool = _default("pdb")
     debug_timeout: float = _default("debug_timeout")

@@ -52,6 +52,7 @@ class Launch:
     prefix_ranks: frozenset[int] | None = None  # None: every rank
     agent_store: bool = True  # False for a one-agent job: its rank 0 hosts the store
     pdb_timeout: float | None = None  # --pdb: seconds a failed rank stays paused (None: off)
+    flight_recorder: bool = True  # torch's recorder on in every rank (--no-flight-recorder)
 
 
 @dataclass(frozen=True)
@@ -135,7 +136,8 @@ def rank_env(
     for key, value in defaults.items():
         if key not in inherited:
             env[key] = value
-    env.update(flight_recorder(launch.log_dir, launch.attempt, inherited, buffer_variable()))
+    if launch.flight_recorder:
+        env.update(flight_recorder(launch.log_dir, launch.attempt, inherited, buffer_variable()))
     env.update(launch.extra_env)
     return env
 

@@ -207,6 +207,7 @@ def rank_specs(
         prefix_ranks=parse_rank_set(o.rank_prefix_ranks, "--rank-prefix-ranks"),
         agent_store=world.agents > 1,
         pdb_timeout=o.debug_timeout if o.pdb else None,
+        flight_recorder=o.flight_recorder,
     )
     return node_ranks(
         launch,

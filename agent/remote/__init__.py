@@ -1,9 +1,14 @@
 """`python -m agent exec -- CMD`: CMD on every node; node 0 prints the outputs collated (pdsh + dshbak -c).
 
-Every node's agent joins a store hosted by the node-0 agent (namespace `la/<job>/<step>/exec/`),
-runs CMD with stdout and stderr captured together, and publishes {host, code, output}, sealed.
+Every node's agent joins a store hosted by the node-0 agent (keys under the job's secret
+namespace + `exec/`), seals its join, runs CMD with stdout and stderr captured together, and
+publishes {host, code, output}, sealed; then it stays until node 0 has read every result,
+writing its own again if an outsider deleted or garbled it. Node 0 reads only sealed records
+and waits past a value that does not open within the phase's bound (--rdzv-timeout for the
+joins, --timeout for the results): a forgery never counts as a join or a result.
 Node 0 prints the groups of identical output under compressed hostlists and exits 0 when every
-command succeeded, 1 when one failed, 3 when a node never reported, naming the nodes; the other
+command succeeded, 1 when one failed, 3 when a node never reported, 4 when a result that does
+not open was still there at the end, naming the nodes; the other
 nodes print nothing but their own errors and exit with their command's status.
 
 The store's port: --master-port, else the agent's port (MASTER_PORT, or derived from job and step

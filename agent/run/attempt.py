@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from agent.console.view import ConsoleView
 from agent.hang.desk import StackDesk
 from agent.hang.fallback import fallback_path, private_dir
+from agent.hang.recorder import forget
 from agent.hang.watch import HangWatch
 from agent.metrics.recorder import RunMetrics
 from agent.node.events import AbortSeen, StoreLost
@@ -86,7 +87,7 @@ class NodeAttempt:
             world.host,
             private_dir(),
             stage,
-            lambda paused: console.note(console_line(paused, plan.log_dir)),
+            lambda paused, pid: console.note(console_line(paused, plan.log_dir, pid)),
         )
         pauses.start()
         console.show_paused(pauses.paused_ranks)
@@ -181,8 +182,11 @@ def _live(sup: Supervisor) -> list[tuple[int, int]]:
 
 
 def _forget_dumps(sup: Supervisor) -> None:
-    """Warm ranks' faulthandler dump files (agent.hang.fallback) end with their ranks."""
+    """Warm ranks' faulthandler dump files (agent.hang.fallback) and every rank's probe socket
+    (agent.hang.recorder) end with their ranks."""
     directory = private_dir()
-    for worker in getattr(sup, "workers", []) if directory else ():
+    pids = [worker.proc.pid for worker in getattr(sup, "workers", [])]
+    for pid in pids if directory else ():
         with contextlib.suppress(OSError):
-            os.unlink(fallback_path(directory, worker.proc.pid))
+            os.unlink(fallback_path(directory, pid))
+    forget(directory, pids)

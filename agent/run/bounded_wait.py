@@ -7,8 +7,9 @@ therefore given what only a genuine job can show, and ends with "store tampering
 KEY" (exit 4) when the record is still missing although:
 - the verdict: node 0 has closed the attempt (its sealed `closed` abort record, written right
   after the verdict), another node reported the same tampering there, or node 0's agent has
-  left (its sealed departure); and a node's own result,
-  which node 0 needs to judge, is still there and sealed (else node 0 would wait for ever);
+  left (its sealed departure). A node's own result, which node 0 needs to judge, is looked at
+  on the same checks and written again when it is gone or does not open: a deletion delays
+  the verdict (by CHECK_MAX seconds at most), never decides it;
 - the lineup: node 0 decides it within the round's own bound (its health check, then the
   members' reports: each --health-timeout, plus the report slack), so a lineup missing
   LINEUP_MARGIN seconds after that is not a slow node 0.
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import time
 from collections.abc import Callable
 from typing import Any
@@ -31,6 +33,7 @@ from agent.node.scope import Scope
 from agent.node.sealed import TAMPERING, Tampered, read_sealed
 from agent.run.lineup import REPORT_SLACK, check_wait
 
+log = logging.getLogger("agent")
 TICK = 1.0  # seconds: a wait answers to node 0's loss and failures this often; first check
 CHECK_MAX = 30.0  # seconds between looks at the evidence, at most (doubling from TICK)
 LINEUP_MARGIN = 30.0  # seconds past the round's own bound (node 0's replan, a fresh store)
@@ -101,17 +104,21 @@ def _last_look(scope: Scope, key: str, what: str, why: str) -> dict[str, Any]:
     raise Tampered(key, f"the {what} is gone or does not open, yet {why}")
 
 
-def verdict_over(scope: Scope, own_result: str | None) -> Callable[[], str]:
+def verdict_over(scope: Scope, own_result: tuple[str, dict[str, Any]] | None) -> Callable[[], str]:
     """What shows that node 0 wrote the attempt's verdict (or never can): its sealed `closed`
-    record, its agent's departure; or (`own_result`, a node that ran ranks) our own result,
-    which node 0 waits for, gone or altered — then Tampered at once, naming it."""
+    record, its agent's departure. `own_result` (a node that ran ranks): the name and record of
+    our result, which node 0 waits for: written again when it is gone or does not open."""
     members = Scope(scope.store, MEMBERSHIP, scope.index, scope.keys)
 
     def over() -> str:
-        if own_result is not None and scope.get_if(own_result, "result") is None:
-            raise Tampered(
-                scope.key(own_result), "the result this node wrote is gone or does not open"
-            )
+        if own_result is not None:
+            name, record = own_result
+            if scope.get_if(name, "result") is None:
+                log.warning(
+                    "%s: the result this node wrote is gone or does not open; written again",
+                    scope.key(name),
+                )
+                scope.put(name, record)
         closed = scope.get_if("abort", "abort record")
         if closed is not None and closed.get("kind") == "closed":
             return "node 0 has closed the attempt"
@@ -143,8 +150,9 @@ def results_with_own(
     scope: Scope, nodes: list[int], me: int, mine: dict[str, Any]
 ) -> list[dict[str, Any]]:
     """Node 0: every node's sealed result, its own taken from its hand (a copy in the store
-    that an outsider deleted or replaced could otherwise stop the judging for ever; the
-    others' writers watch their own, `verdict_over`)."""
+    that an outsider deleted or replaced could otherwise stop the judging for ever). The wait
+    for the others' goes on past a deletion or a forgery: their writers watch their own and
+    write it again (`verdict_over`)."""
     others = [i for i in nodes if i != me]
     found = dict(zip(others, scope.get_all([f"result/{i}" for i in others], "result"), strict=True))
     found[me] = json.loads(json.dumps(mine))  # as the others': what the store would hold
@@ -152,9 +160,9 @@ def results_with_own(
 
 
 def await_verdict(
-    scope: Scope, events: Any, own_result: str | None, tick: float = TICK
+    scope: Scope, events: Any, own_result: tuple[str, dict[str, Any]] | None, tick: float = TICK
 ) -> dict[str, Any]:
-    """A node (`own_result`: the name of the result it wrote) or a spare (None) waits for node
-    0's verdict on the attempt; a failure elsewhere is node 0's to judge, not ours."""
+    """A node (`own_result`: the name and record of the result it wrote) or a spare (None)
+    waits for node 0's verdict on the attempt; a failure elsewhere is node 0's to judge."""
     over = verdict_over(scope, own_result)
     return await_sealed(scope, "verdict", "verdict", events, lambda scope: None, over, tick=tick)

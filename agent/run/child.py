@@ -51,6 +51,8 @@ def main(argv: list[str]) -> int:
         except AgentError as exc:
             print(f"[agent] cannot bind rank: {exc}", file=sys.stderr)
             return 2
+    # The flight-recorder probe (agent/hang/probe) starts in this pid only, not in its children.
+    os.environ["AGENT_PROBE_PID"] = str(os.getpid())
     try:
         os.execvp(command[0], command)
     except OSError as exc:

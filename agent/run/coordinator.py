@@ -8,7 +8,8 @@ its own from the moment node 0's desks are up until the verdict is out, whatever
 ranks do: they are one member's ranks like any other node's.
 
 Every node's standing (agent.hang.standing) is read from the sealed records, on a wake of the
-`standing-seq` counter or every SLOW_LOOK seconds; for each node the record with the highest
+`standing-seq` counter or, with --hang-timeout (a decision rides on them), every SLOW_LOOK
+seconds whatever the counter says; for each node the record with the highest
 sequence number is kept, so a record deleted, garbled or written back by an outsider is never
 newer knowledge than what was seen.
 """
@@ -175,9 +176,9 @@ class Coordinator:
     def read_standings(self, side: Scope, now: float) -> dict[int, Standing]:
         """Every node's newest standing; read again when woken or every SLOW_LOOK seconds."""
         wake = side.store.add(side.key(WAKE), 0)
-        if wake == self._wake and now < self._full_at:
-            return self.standings
-        self._wake, self._full_at = wake, now + SLOW_LOOK
+        if wake == self._wake and (self.hang is None or now < self._full_at):
+            return self.standings  # the slow look guards decisions (hangs) against a counter
+        self._wake, self._full_at = wake, now + SLOW_LOOK  # set back; a warning only waits
         store = side.store
         names = {agent: side.key(standing_name(agent)) for agent in self.nodes}
         if len(self._seen) < len(self.nodes) or not store.exists_all(list(names.values())):

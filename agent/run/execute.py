@@ -16,6 +16,8 @@ from typing import Any
 
 from agent.errors import ExitCode
 from agent.hang.desk import StackDesk
+from agent.hang.fallback import private_dir
+from agent.hang.recorder import with_probe
 from agent.metrics.recorder import RunMetrics
 from agent.node import stage as stages
 from agent.node.scope import Scope
@@ -60,7 +62,10 @@ class Run:
         self.seat, self.stage, self.prepared, self.tools = seat, stage, prepared, tools
         self.roster = roster
         self.metrics = metrics if metrics is not None else RunMetrics()
-        self.environ = {**seat.environ, **(prepared.plan.env or {})}  # a client's, over the node's
+        # A client's env over the node's; the flight-recorder probe's for the ranks and the zygote.
+        environ = {**seat.environ, **(prepared.plan.env or {})}
+        probes = private_dir() if prepared.plan.options.flight_recorder else None
+        self.environ = with_probe(environ, probes)
         self.seatings: list[dict[str, Any]] = []  # node 0: ranks.json
         self.attempt: NodeAttempt | None = None  # this node's share of the running attempt
         self.coordinator: Coordinator | None = None  # node 0: the attempt's job services
@@ -78,6 +83,14 @@ class Run:
         """Node 0: the attempt's paused ranks, from its lineup to its verdict (None between)."""
         coordinator = self.coordinator
         return coordinator.pauses if coordinator is not None and coordinator.serving else None
+
+    def ended_ranks(self) -> dict[int, int]:
+        """Node 0: the attempt's ranks that exited → their exit codes, as the nodes said."""
+        coordinator = self.coordinator
+        if coordinator is None or not coordinator.serving:
+            return {}
+        standings = list(coordinator.standings.values())
+        return {e.rank: e.returncode for s in standings for e in s.ended}
 
     def lost(self) -> dict[int, str]:
         """Node 0: agents out of the job → why (excluded earlier, or lost)."""
@@ -145,13 +158,15 @@ class Run:
                     if outcome.store_lost:
                         log.error("%s", outcome.store_lost)
                         return _signal_code(outcome) or int(ExitCode.RENDEZVOUS)
-                    scope.put(f"result/{me}", _result(outcome))
+                    result = _result(outcome)
+                    scope.put(f"result/{me}", result)
                     if coordinator is not None:
                         decision = self._decide(
                             prepared, scope, attempt, roster, history, outcome, coordinator
                         )
                     else:
-                        decision = await_verdict(scope, seat.events, f"result/{me}")
+                        own = (f"result/{me}", result)
+                        decision = await_verdict(scope, seat.events, own)
                 finally:
                     if coordinator is not None:
                         coordinator.close()

@@ -45,6 +45,11 @@ class Session:
         running = self.running
         return running.pauses if running is not None else None
 
+    def ended_ranks(self) -> dict[int, int]:
+        """Node 0: the running attempt's ranks that exited → their exit codes (its standings)."""
+        running = self.running
+        return running.ended_ranks() if running is not None else {}
+
     def offer(self, run: int, plan: RunPlan) -> None:
         """Node 0: publish a run's plan (the run's scope is where its setup failures go)."""
         scope = self.seat.scope(Stage(run).scope(), wakes=("plan", "done"))

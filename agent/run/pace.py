@@ -5,7 +5,8 @@ Every PACE_EVERY seconds (on the supervisor's tick, while the node has ranks) ea
 times (from the router's step clocks), only when some rank printed a progress line since the
 last one, with the age of its latest line and a sequence number. Node 0's coordinator
 (`PaceJudge`, agent.run.coordinator: from the lineup to the verdict, whatever node 0's own ranks
-do) reads one record per node once a second (O(nodes)), judges them (agent.run.stragglers) and
+do) reads one record per node once a second (O(nodes); per node the one with the highest
+sequence number seen, so an old record written back is no news), judges them (agent.run.stragglers) and
 says on the console when a straggler starts and when it ends; the episodes go to summary.json.
 A rank that exited is no straggler (its pace still counts in the job's median): an episode
 lasts until its ranks keep pace or end. From the same records node 0 knows when each node last
@@ -114,6 +115,9 @@ class PaceJudge:
         self.episodes: list[dict[str, Any]] = []  # every straggler episode, in order
         self._open: dict[tuple[int, int | None], dict[str, Any]] = {}
         self._seen: set[int] = set()  # agents whose pace record exists
+        # agent → the sealed record with the highest `seq` seen: an older one written back (a
+        # replay), a value that does not open or a deleted key leaves it standing
+        self._latest: dict[int, dict[str, Any]] = {}
 
     def tick(
         self, now: float | None = None, live: Callable[[int], bool] = lambda rank: True
@@ -180,22 +184,27 @@ class PaceJudge:
         self.metrics.paced(self.attempt, progress, medians, ranks, slow, len(self.episodes))
 
     def _records(self) -> list[dict[str, Any]]:
-        """Every node's latest pace record: one round trip once each has posted (a key, once
-        there, stays for the attempt); until then one existence check per node still silent."""
+        """Every node's newest pace record: one round trip once each has posted (a key, once
+        there, stays for the attempt); until then one existence check per node still silent.
+        Per node the record with the highest sequence number seen is kept, so an outsider's
+        value, a deletion or an old record written back is never news."""
         store = self.scope.store
         for agent in self.agents:
             if agent not in self._seen and store.exists(self.scope.key(f"pace/{agent}")):
                 self._seen.add(agent)
-        names = [f"pace/{agent}" for agent in self.agents if agent in self._seen]
-        keys = [self.scope.key(name) for name in names]
+        present = [agent for agent in self.agents if agent in self._seen]
+        keys = [self.scope.key(f"pace/{agent}") for agent in present]
         values = store.multi_get(keys, present=True) if keys else []
-        records = []
-        for key, value in zip(keys, values, strict=True):
+        for agent, key, value in zip(present, keys, values, strict=True):
             try:
-                records.append(self.scope.keys.unseal(value, key, "pace record"))
-            except Refused as exc:  # an outsider's value: that node is not judged this tick
+                record = self.scope.keys.unseal(value, key, "pace record")
+            except Refused as exc:  # an outsider's value: what we knew of that node stands
                 tell_refused(key, exc)
-        return records
+                continue
+            seq, known = record.get("seq"), self._latest.get(agent, {}).get("seq", 0)
+            if isinstance(seq, int) and not isinstance(seq, bool) and seq > known:
+                self._latest[agent] = record
+        return [self._latest[agent] for agent in self.agents if agent in self._latest]
 
     def close(self) -> list[dict[str, Any]]:
         """Node 0, at the attempt's end: every episode, the open ones ended now."""

@@ -20,6 +20,8 @@ from typing import Any
 from agent.control import connection, lifeline
 from agent.control.endpoint import Endpoint
 from agent.errors import AgentError
+from agent.hang.fallback import private_dir
+from agent.hang.recorder import with_probe
 from agent.launch.node_start import node_agent, node_world, topology_at
 from agent.node.agent import NodeAgent, lost_store_error
 from agent.node.signals import Interrupted
@@ -36,6 +38,8 @@ _WARM_LOOK = 2.0  # seconds between looks at whether this node's warm interprete
 
 def serve(command: ServeCommand, environ: Mapping[str, str]) -> int:
     world, options, environ = node_world(command.options, environ)
+    # The zygote shares the ranks' path: the flight-recorder probe's directory first on it.
+    environ = with_probe(environ, private_dir() if options.flight_recorder else None)
     agent = node_agent(world, options, environ)
     warm = WarmSource(() if options.cold else preload_modules(options.preload), resident=True)
     topology = topology_at

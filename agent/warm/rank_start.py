@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from agent.hang import fallback
+from agent.hang.probe import sitecustomize as probe
 from agent.warm import libs, proctitle, script
 
 _PR_SET_PDEATHSIG = 1
@@ -157,6 +158,9 @@ def _prepare(request: Mapping[str, Any], origin: Origin) -> int:
             fallback.install_fallback(request["fallback_dir"])
         except OSError:
             pass  # py-spy remains; `agent stacks` says when neither works
+    if env.get(probe.DIR_ENV):  # as a fresh rank's sitecustomize would (agent.hang.probe)
+        os.environ[probe.PID_ENV] = str(os.getpid())
+        probe.start(env[probe.DIR_ENV])
     proctitle.retitle(request["argv"])  # after the binding: the agent may take it as "bound"
     return 0
 

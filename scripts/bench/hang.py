@@ -213,10 +213,9 @@ def one_job(
         how = ""
         with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
             how = json.loads(summary_path.read_text())["root_cause"]["how"]
-        want = (
-            f"hang: no progress for {HANG_TIMEOUT:g} s from the {world} ranks still running; "
-            f"rank {lone} in spin_without_progress"
-        )
+        # The recorders' finding first (which collective, who never came), then the stacks'.
+        want = f"hang: no progress for {HANG_TIMEOUT:g} s from the {world} ranks still running; "
+        behind = f"; rank {lone} last entered #"
         result.update(
             {
                 "ok": summary_at is not None,
@@ -232,7 +231,10 @@ def one_job(
                 "left_behind": len(left),
                 "left_behind_names": sorted({_name(p) for p in left}),
                 "root_cause": how[:300],
-                "root_cause_ok": how.startswith(want) and "in wait_in_the_collective" in how,
+                "root_cause_ok": how.startswith(want)
+                and behind in how
+                and f"rank {lone} in spin_without_progress" in how
+                and "in wait_in_the_collective" in how,
             }
         )
         if not result["ok"]:

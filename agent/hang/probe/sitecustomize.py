@@ -1,0 +1,136 @@
+"""The flight-recorder probe placed in every Python rank (agent.hang.recorder asks it).
+
+Ranks start with this directory first on PYTHONPATH, so Python imports this file as the
+`sitecustomize` module at start-up, before the user's script; it then imports the next
+`sitecustomize` on the path (the one it shadows), so a site's own customisation still runs.
+Warm ranks call `start` from agent.warm.rank_start instead.
+
+The probe is one daemon thread blocked in accept() on a unix socket in the agent's private
+0700 directory, `fr-<pid>.sock`; each connection gets one JSON line: per process group, the
+last collective this rank entered and completed, and the last few entries of torch's flight
+recorder. It uses only the standard library and torch only if the rank imported
+torch.distributed itself (it never imports torch: a rank that does not use it pays nothing but
+the thread). It starts only in the rank's own process (AGENT_PROBE_PID, set by the exec wrapper),
+never in the rank's children that inherit the environment.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import sys
+import threading
+
+DIR_ENV = "AGENT_PROBE_DIR"  # the agent's private directory (its sockets)
+PID_ENV = "AGENT_PROBE_PID"  # the rank's own pid: its children do not start a probe
+TAIL = 4  # flight-recorder entries per process group that travel
+MAX_GROUPS = 64
+MAX_ANSWER = 256 << 10  # bytes of one answer
+
+
+def socket_path(directory: str, pid: int) -> str:
+    return os.path.join(directory, f"fr-{pid}.sock")
+
+
+def start(directory: str) -> None:
+    """Listen for the agent on this process's socket (a thread of its own)."""
+    path = socket_path(directory, os.getpid())
+    with contextlib.suppress(OSError):
+        os.unlink(path)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        listener.bind(path)
+        os.chmod(path, 0o600)
+        listener.listen(4)
+    except OSError:
+        listener.close()
+        return
+    threading.Thread(target=_serve, args=(listener,), name="agent-probe", daemon=True).start()
+
+
+def _serve(listener: socket.socket) -> None:
+    while True:
+        try:
+            conn, _ = listener.accept()
+        except OSError:
+            return
+        with contextlib.suppress(Exception), conn:
+            conn.settimeout(5.0)
+            conn.sendall(json.dumps(answer()).encode()[:MAX_ANSWER] + b"\n")
+
+
+def answer() -> dict:
+    """This rank's collectives now; {"torch": False} where torch.distributed is not in use."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not getattr(dist, "is_available", lambda: False)():
+        return {"torch": False}
+    try:
+        if not dist.is_initialized():
+            return {"torch": True, "initialised": False}
+        return {"torch": True, "initialised": True, "groups": _groups(dist)}
+    except Exception as exc:  # a torch that differs from the one we know: say so, bounded
+        return {"torch": True, "error": f"{type(exc).__name__}: {exc}"[:300]}
+
+
+def _groups(dist) -> list[dict]:
+    c10d = dist.distributed_c10d
+    dump = getattr(sys.modules["torch"]._C._distributed_c10d, "_dump_fr_trace_json", None)
+    trace = json.loads(dump(True, False)) if dump is not None else {}
+    status = trace.get("pg_status") or {}
+    entries: dict[str, list] = {}
+    for entry in trace.get("entries") or ():
+        group = entry.get("process_group") or ("", "")
+        entries.setdefault(str(group[0]), []).append(entry)
+    found = []
+    world = c10d._world  # the groups this rank belongs to, with their members' global ranks
+    for pg, members in list(world.pg_group_ranks.items())[:MAX_GROUPS]:
+        name = str(c10d._get_process_group_name(pg))
+        mine = entries.get(name, [])
+        state = status.get(name) or {}
+        found.append(
+            {
+                "name": name,
+                "desc": str(
+                    getattr(pg, "group_desc", "") or (mine[-1]["process_group"][1] if mine else "")
+                ),
+                "ranks": sorted(members)[:65536],
+                "entered": int(state.get("last_enqueued_collective", 0) or 0),
+                "completed": int(state.get("last_completed_collective", 0) or 0),
+                "last": [
+                    {
+                        "seq": e.get("collective_seq_id"),
+                        "op": str(e.get("profiling_name", "")).rpartition(":")[2],
+                        "sizes": e.get("input_sizes"),
+                        "dtypes": e.get("input_dtypes"),
+                        "state": e.get("state"),
+                        "timeout_ms": e.get("timeout_ms"),
+                    }
+                    for e in mine[-TAIL:]
+                ],
+            }
+        )
+    return found
+
+
+def _chain() -> None:
+    """Import the sitecustomize this one shadows, if there is one further down the path."""
+    import importlib.machinery
+    import importlib.util
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    rest = [p for p in sys.path if os.path.abspath(p or ".") != here]
+    spec = importlib.machinery.PathFinder.find_spec("sitecustomize", rest)
+    if spec is None or spec.loader is None:
+        return
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["sitecustomize"] = module
+    spec.loader.exec_module(module)
+
+
+if __name__ == "sitecustomize":
+    directory = os.environ.get(DIR_ENV)
+    if directory and os.environ.get(PID_ENV) == str(os.getpid()):
+        start(directory)
+    _chain()

@@ -1,0 +1,89 @@
+"""The attempt's request channel (`agent stacks`, `agent debug`) past an outsider: a request
+number that leads to no sealed request is skipped, never waited on for ever, and node 0 numbers
+its requests itself (torch's own client as the outsider, a real server)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from torch.distributed import TCPStore
+
+from agent.hang.desk import StackDesk
+from agent.node.scope import Scope
+from agent.node.store import Endpoint, Store
+from agent.node.store_client import StoreClient
+from agent.node.trust import JobKeys
+
+KEYS = JobKeys.derive(b"desk-test", "job", "0")
+RECHECK = 0.2  # how long an answering thread waits on one request before it looks past it
+
+
+@pytest.fixture()
+def server():
+    return TCPStore(
+        "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=30)
+    )
+
+
+def scope(server, index: int) -> Scope:
+    client = StoreClient.connect("127.0.0.1", server.port, 10)
+    return Scope(Store(client, Endpoint("127.0.0.1", server.port), "n/"), "r0/a0", index, KEYS)
+
+
+def outsider(server) -> TCPStore:
+    return TCPStore("127.0.0.1", server.port, is_master=False, timeout=timedelta(seconds=30))
+
+
+def desk(server, index: int, start: bool = True) -> StackDesk:
+    made = StackDesk(scope(server, index), [0, 1], f"h{index}", list, recheck=RECHECK)
+    made.relays["echo"] = lambda number, request: {"echo": request.get("x"), "n": number}
+    if start:
+        made.start()
+    return made
+
+
+def seq_key(server) -> str:
+    """The request counter as an outsider finds it (list_keys), or where it would be."""
+    found = [k for k in outsider(server).list_keys() if k.endswith("stacks/seq")]
+    return found[0] if found else "n/r0/a0/stacks/seq"
+
+
+def answered(node: StackDesk, number: int) -> dict:
+    """Node `node`'s answer to request `number` (a hang-catcher's bound, never a pause)."""
+    key = node.scope.key(node.answer_name(number))
+    assert node.scope.store.wait([key], 10), f"request {number} was never answered"
+    return node.scope.get(node.answer_name(number), "echo answer", present=True)
+
+
+@pytest.mark.parametrize("bump", [1, 1000, -1000])
+def test_a_bumped_request_counter_leaves_every_node_answering(server, bump) -> None:
+    node0, node1 = desk(server, 0), desk(server, 1)
+    assert all(s.rank >= 0 for s in node0.ask(timeout=0.5))  # every node answered (no ranks)
+    outsider(server).add(seq_key(server), bump)
+    for _ in range(2):
+        answers = node0.ask(timeout=0.5)
+        assert [s.error for s in answers if s.rank < 0] == []  # no node named silent
+    node0.end()
+    del node1
+
+
+def test_a_request_deleted_before_a_node_read_it_is_skipped(server) -> None:
+    node0, node1 = desk(server, 0, start=False), desk(server, 1, start=False)
+    first = node0.post({"desk": "echo", "x": 1})
+    evil = outsider(server)
+    evil.delete_key(node0.scope.key("stacks", "req", first))
+    second = node0.post({"desk": "echo", "x": 2})
+    node1.start()  # its thread finds request `first` gone, and a later one published
+    assert answered(node1, second) == {"echo": 2, "n": second}
+    node0.end()
+
+
+def test_garbage_over_a_request_is_skipped_once_a_later_one_is_published(server) -> None:
+    node0, node1 = desk(server, 0, start=False), desk(server, 1, start=False)
+    first = node0.post({"desk": "echo", "x": 1})
+    outsider(server).set(node0.scope.key("stacks", "req", first), b"garbage")
+    second = node0.post({"desk": "echo", "x": 2})
+    node1.start()
+    assert answered(node1, second) == {"echo": 2, "n": second}
+    node0.end()

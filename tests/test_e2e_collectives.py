@@ -1,0 +1,73 @@
+"""Which collective, and who never came (2 loopback nodes x 2 ranks, gloo): every rank's flight
+recorder, asked through the probe the agent places in it, collated above the stacks in `agent
+stacks`, stacks-a<N>.txt and the hang's root cause."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from cluster import REPO, base_env, wait_for
+
+pytestmark = pytest.mark.e2e
+
+JOB = str(REPO / "tests" / "fixtures" / "deadlock_job.py")
+LOAD_AT = next(  # where load_batch waits
+    n for n, line in enumerate(Path(JOB).read_text().splitlines(), 1) if "sleep(0.05)" in line
+)
+BEHIND = (
+    "ranks 0-2 entered all_reduce #4 on default_pg ([4] Float); rank 3 last entered #3 and "
+    "waits in all_reduce #1 on group 1 (ranks 2,3)"
+)
+
+
+def _ready(cluster, ranks) -> bool:
+    files = [cluster.rank_file(r) for r in ranks]
+    return all(f.exists() and "ready" in f.read_text() for f in files)
+
+
+def _stacks(cluster) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "agent", "stacks", str(cluster.log_dir)],
+        env=base_env(cluster.tmp), capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("cold", [False, True], ids=["warm-capable", "cold"])
+def test_a_deadlock_by_order_is_named_by_the_recorders(cluster_factory, cold):
+    args = ["--nproc-per-node", "2", "--hang-timeout", "8", *(["--cold"] if cold else []), JOB]
+    cluster = cluster_factory(2).start(args)
+    wait_for(lambda: _ready(cluster, range(4)), 120, "every rank in its last collective", 0.2)
+    stacks = _stacks(cluster)
+    assert stacks.returncode == 0, stacks.stderr + cluster.dump()
+    head = stacks.stdout.split("\n\n", 1)[0]
+    assert head.startswith("collectives (torch's flight recorder in every rank):"), stacks.stdout
+    wait_for(lambda: BEHIND in _stacks(cluster).stdout, 30, "rank 3 in its pair's collective")
+    (cluster.log_dir / "quiet").touch()
+    assert cluster.wait(90) == [1, 1], cluster.dump()
+    how = cluster.summary()["root_cause"]["how"]
+    assert how.startswith("hang: no progress for 8 s from the 4 ranks still running; " + BEHIND)
+    assert BEHIND in (cluster.log_dir / "stacks-a0.txt").read_text()
+
+
+def test_an_uneven_loop_names_the_rank_behind_and_where_it_is(cluster_factory):
+    cluster = cluster_factory(2).start(["--nproc-per-node", "2", "--hang-timeout", "5", JOB,
+                                        "--uneven"])  # fmt: skip
+    wait_for(lambda: _ready(cluster, range(4)), 120, "ranks 0-2 in their last collective", 0.2)
+    (cluster.log_dir / "quiet").touch()
+    assert cluster.wait(90) == [1, 1], cluster.dump()
+    how = cluster.summary()["root_cause"]["how"]
+    assert (
+        "ranks 0-2 entered all_reduce #4 on default_pg ([4] Float); rank 3 last entered #3 and "
+        f"is in load_batch (deadlock_job.py:{LOAD_AT})"
+    ) in how, how
+
+
+def test_without_the_recorder_the_stacks_stand_alone(cluster_factory):
+    cluster = cluster_factory(2).start(["--nproc-per-node", "2", "--no-flight-recorder", JOB])
+    wait_for(lambda: _ready(cluster, range(4)), 120, "every rank in its last collective", 0.2)
+    stacks = _stacks(cluster)
+    assert stacks.returncode == 0 and "collectives (" not in stacks.stdout, stacks.stdout
+    assert "all_reduce" in stacks.stdout
