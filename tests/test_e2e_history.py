@@ -91,9 +91,9 @@ def test_resident_runs_are_recorded_one_by_one(tmp_path):
         listed = serving.call("history", "--json", env={"TMPDIR": str(tmp_path / "tmp")})
         assert listed.returncode == 0, listed.stderr
         runs = [(j["job"], j["exit_code"], j["cause"]) for j in json.loads(listed.stdout)]
-        assert runs == [
-            (f"{serving.job}.0", 0, None),
-            (f"{serving.job}.1", 1, "rank 0 on 127.0.0.1 (node 0) exit code 5"),
+        assert runs == [  # JOB.STEP.rN: run N of the resident agents serving in step 0
+            (f"{serving.job}.0.r0", 0, None),
+            (f"{serving.job}.0.r1", 1, "rank 0 on 127.0.0.1 (node 0) exit code 5"),
         ]
         assert serving.call("down").returncode == 0
         assert serving.wait(30) == [0], serving.dump()

@@ -87,7 +87,7 @@ def test_stacks_of_a_finished_run_never_show_the_next_runs_ranks(two, tmp_path):
         ready = [tmp_path / "ready-0", tmp_path / "ready-1"]
         wait_for(lambda: all(p.exists() for p in ready), 60, "the second run's ranks")
         done = _log_dir(two, first.stderr)
-        controls = (two.tmp / "logs").glob(f"{two.job}.run*/control.json")
+        controls = (two.tmp / "logs").glob(f"{two.job}.0.r*/control.json")
         running = max((p.parent for p in controls), key=lambda d: d.stat().st_mtime)
         assert running != done
         old = two.call("stacks", str(done), timeout=60)

@@ -205,8 +205,10 @@ RELEASED = (
     "warm = 'json' in sys.modules\n"  # a fresh interpreter has not imported json yet
     "import json, os, time\n"
     "rank, where = os.environ['RANK'], sys.argv[1]\n"
-    "with open(os.path.join(where, f'started-{rank}'), 'w') as f:\n"
+    "with open(os.path.join(where, f'.started-{rank}'), 'w') as f:\n"
     "    json.dump({'pid': os.getpid(), 'warm': warm}, f)\n"
+    # Renamed once written: the test reads it as soon as the name appears.
+    "os.replace(os.path.join(where, f'.started-{rank}'), os.path.join(where, f'started-{rank}'))\n"
     "while not os.path.exists(os.path.join(where, 'release')):\n"
     "    time.sleep(0.01)\n"
     "print(f'rank {rank} finished', flush=True)\n"
@@ -367,7 +369,7 @@ def test_a_spare_takes_the_place_of_a_node_lost_between_runs(tmp_path):
         assert result.returncode == 0, result.stderr
         assert _hosts(second) == ["127.0.0.1", "127.0.0.3"]
         assert [_envs(second)[r]["RANK"] for r in range(2)] == ["0", "1"]
-        summary = json.loads(next(tmp_path.glob("logs/*.run1/summary.json")).read_text())
+        summary = json.loads(next(tmp_path.glob("logs/*.0.r1/summary.json")).read_text())
         (excluded,) = summary["excluded"]
         assert excluded["host"] == "127.0.0.2" and "lost" in excluded["why"]
         assert "connection to node 0 closed" in excluded["why"]  # its lifeline, not a silence

@@ -332,20 +332,23 @@ def test_cli_lists_shows_and_refuses(tmp_path):
     lines = listed.stdout.splitlines()
     assert "3 job(s)" in lines[0] and "root cause" in lines[2]
     by_job = {line.split("│")[1].strip(): line for line in lines if line.startswith("│")}
-    assert set(by_job) == {"77.0", "78.0", "79.0"}
-    assert "exit code 3" in by_job["78.0"] and "│ 1 " in by_job["78.0"]  # cause, exit 1
+    assert set(by_job) == {"77.0", "78.1", "79"}  # JOB.STEP; a summary without a step: JOB
+    assert "exit code 3" in by_job["78.1"] and "│ 1 " in by_job["78.1"]  # cause, exit 1
     failed = cli(tmp_path, "--failed", "--json")
-    assert [j["job"] for j in json.loads(failed.stdout)] == ["78.0", "79.0"]
+    assert [j["job"] for j in json.loads(failed.stdout)] == ["78.1", "79"]
     last = json.loads(cli(tmp_path, "--last", "1", "--json").stdout)
     assert [j["job_id"] for j in last] == ["79"]  # the one that ended last
-    shown = cli(tmp_path, "78.0")
+    shown = cli(tmp_path, "78.1")
     assert shown.returncode == 0, shown.stderr
-    assert "attempts of 78.0" in shown.stdout and "node 1 (n1) lost" in shown.stdout
+    assert "attempts of 78.1" in shown.stdout and "node 1 (n1) lost" in shown.stdout
     assert "spares used: n2" in shown.stdout
-    assert cli(tmp_path, "78").stdout == shown.stdout  # JOB: all its runs (one)
+    assert cli(tmp_path, "78").stdout == shown.stdout  # JOB: all its steps and runs (one)
+    for log_dir in ("/l/78", "78"):  # its log dir, by path or by name
+        assert cli(tmp_path, log_dir).stdout == shown.stdout, log_dir
     for argv, words in (
         (["nope"], "no job nope recorded"),
         (["78.4"], "no job 78.4 recorded"),
+        (["7"], "no job 7 recorded"),  # not a parent of 77.0
         (["--last", "x"], "--last 'x'"),
         (["--last", "-1"], "--last '-1'"),
         (["--bogus"], "unrecognized arguments"),
@@ -361,7 +364,7 @@ def test_cli_reads_the_fallback_too(tmp_path):
     blocker.write_text("")
     _append(blocker / "state", SUMMARY_RESTART, TMPDIR=str(tmp_path / "tmp"))
     listed = cli(tmp_path, "--json", state=blocker / "state")
-    assert [j["job"] for j in json.loads(listed.stdout)] == ["78.0"], listed.stderr
+    assert [j["job"] for j in json.loads(listed.stdout)] == ["78.1"], listed.stderr
 
 
 def test_node_zero_records_every_job_of_a_long_lived_process(tmp_path):
@@ -373,6 +376,42 @@ def test_node_zero_records_every_job_of_a_long_lived_process(tmp_path):
         assert history.record_job(summary, environ) == tmp_path / "state" / "history.sqlite"
     jobs = store.read(tmp_path / "state" / "history.sqlite")
     assert [(s.record.job_id, s.run) for s in jobs] == [("77", 0), ("78", 0), ("77", 1)]
+
+
+def test_a_jobs_running_record_is_replaced_by_its_final_one(tmp_path):
+    """Node 0 appends the job when it starts (status running) and again at its end: one row."""
+    state = tmp_path / "state"
+    node0 = {"host": "n0", "pid": 1, "machine": "m", "port": 5}
+    started = {**SUMMARY_OK, "status": "running", "exit_code": None, "attempts": [],
+               "node0": node0}  # fmt: skip
+    other = {**started, "job": {**SUMMARY_OK["job"], "log_dir": "/l/77-2"}}
+    for summary in (started, other):
+        _append(state, summary)
+    warned: list[str] = []
+    running = store.read(state / "history.sqlite", warn=warned.append)
+    assert [(s.record.status, s.record.exit_code, s.record.node0) for s in running] == [
+        ("running", None, node0),
+        ("running", None, node0),
+    ]
+    assert warned == []  # no exit code yet: a running record, not a row to skip
+    _append(state, SUMMARY_OK)  # the end of the first: it takes its record's place
+    jobs = store.read(state / "history.sqlite")
+    assert [(s.record.log_dir, s.record.status, s.run) for s in jobs] == [
+        ("/l/77", "succeeded", 0),
+        ("/l/77-2", "running", 1),
+    ]
+    assert jobs[0].record.node0 is None
+    (one,) = store.read(state / "history.sqlite", match=lambda r: r.log_dir == "/l/77")
+    assert len(one.record.attempts) == 1
+    con = sqlite3.connect(state / "history.sqlite")
+    con.execute("UPDATE jobs SET run_id = ? WHERE log_dir = '/l/77-2'", (b"\xff",))
+    con.execute("UPDATE jobs SET exit_code = NULL WHERE log_dir = '/l/77'")  # ended: not fit
+    con.commit()
+    con.close()
+    assert store.read(state / "history.sqlite", match=lambda r: True, warn=warned.append) == []
+    assert warned == [
+        f"2 row(s) of {state / 'history.sqlite'} skipped: not as agent history writes them"
+    ]
 
 
 # One job per oddity, each as another program (or a hand) could have left it in the database:
@@ -402,6 +441,8 @@ ODD_VALUES = [
     ("101", "attempts", "failed", None),
     ("102", "attempts", "cause", b"\xfe"),
     ("103", "attempts", "end_time", float("inf")),
+    ("104", "jobs", "run_id", b"\xff\x1b[2J"),  # a blob (TEXT affinity makes a number text)
+    ("105", "jobs", "node0", "[1]"),
 ]
 
 
@@ -410,8 +451,9 @@ def test_cli_survives_wrongly_typed_columns(tmp_path):
     line) or shown with what fits; the other jobs are listed as ever."""
     state = tmp_path / "state"
     _append(state, SUMMARY_OK)
-    for job_id, _, _, _ in ODD_VALUES:
-        _append(state, {**SUMMARY_RESTART, "job": {**SUMMARY_RESTART["job"], "id": job_id}})
+    for job_id, _, _, _ in ODD_VALUES:  # each in a log dir of its own, as a log dir holds one job
+        job = {**SUMMARY_RESTART["job"], "id": job_id, "log_dir": f"/l/{job_id}"}
+        _append(state, {**SUMMARY_RESTART, "job": job})
     con = sqlite3.connect(state / "history.sqlite")
     for job_id, table, column, value in ODD_VALUES:
         row = "SELECT id FROM jobs WHERE job_id = ?"

@@ -91,7 +91,7 @@ def test_run_streams_output_exactly_and_returns_the_runs_code(agent):
 
     def script(channel: wire.Channel) -> None:
         received.append(channel.recv(timeout=10))
-        channel.send({"accepted": {"run": 3, "log_dir": "/logs/r3"}})
+        channel.send({"accepted": {"run": 3, "id": "8.0.r3", "log_dir": "/logs/8.0.r3"}})
         for fd, data in chunks:
             channel.send({"out": pack_bytes(data), "fd": fd})
         channel.send({"log": "node 1: 8 ranks started"})
@@ -106,7 +106,7 @@ def test_run_streams_output_exactly_and_returns_the_runs_code(agent):
     assert received == [REQUEST]
     assert out.getvalue() == b"epoch 1\nno newline\r\n"
     assert err.getvalue() == (
-        b"[agent] run 3: logs in /logs/r3\n"
+        b"[agent] run 8.0.r3: logs in /logs/8.0.r3\n"
         b"warn \xff\x00 raw\n"
         b"node 1: 8 ranks started\n"
         b"summary: /logs/r3/summary.json\n"

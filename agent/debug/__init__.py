@@ -17,6 +17,7 @@ from typing import Any
 
 from agent.control.wire import Channel
 from agent.errors import AgentError, ExitCode
+from agent.history import log_dir_of
 from agent.pause.paused import (
     Paused,
     label,
@@ -26,7 +27,7 @@ from agent.pause.paused import (
     several,
 )
 from agent.serve import client, pdb_terminal
-from agent.serve.commands import not_live
+from agent.serve.commands import has_verdict, killed, not_live
 from agent.text import printable
 from agent.usage import Parser
 
@@ -43,7 +44,9 @@ def parser() -> Parser:
         "from LOG_DIR (control.json) or, inside an allocation, the resident agents.",
         allow_abbrev=False,
     )
-    p.add_argument("log_dir", nargs="?", metavar="LOG_DIR", help="the job's log dir")
+    p.add_argument(
+        "log_dir", nargs="?", metavar="LOG_DIR", help="the job's log dir, or its id (8.0, 8.0.r3)"
+    )
     which = p.add_mutually_exclusive_group()
     which.add_argument("--rank", type=int, metavar="R", help="this paused rank")
     which.add_argument("--all", action="store_true", help="every paused rank (with -c)")
@@ -91,15 +94,17 @@ def _connect(
     log_dir: str | None, serve: str | None, environ: Mapping[str, str]
 ) -> tuple[Channel, int | None]:
     home = Path.home()
+    if log_dir is not None:  # LOG_DIR, or the id of its job (agent history's)
+        log_dir = log_dir_of(log_dir, environ)
     control = os.path.join(log_dir, "control.json") if log_dir is not None else None
-    if control is not None and serve is None and not os.path.isfile(control):
+    if control is not None and serve is None and (not os.path.isfile(control) or killed(log_dir)):
         raise not_live(log_dir or "")
     target = client.locate(environ, home, serve or control)
     try:
         return client.open_channel(target, environ, home), target.run
     except AgentError as exc:
         finished = log_dir is not None and exc.code == ExitCode.RENDEZVOUS
-        if finished and os.path.isfile(os.path.join(log_dir or "", "summary.json")):
+        if finished and (has_verdict(log_dir or "") or killed(log_dir or "")):
             raise not_live(log_dir or "") from None
         raise
 

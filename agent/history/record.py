@@ -12,6 +12,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from agent.plan.run_id import run_id
+
 TEXT_CAP = 1000  # characters of a command or a cause kept in the database
 
 
@@ -30,6 +32,7 @@ class AttemptRecord:
 
 @dataclass(frozen=True)
 class JobRecord:
+    run_id: str  # the id `agent history` shows and takes (agent.plan.run_id): `8.0`, `8.0.r3`
     job_id: str
     step: str
     command: str
@@ -38,13 +41,14 @@ class JobRecord:
     nodes: int
     ranks: int
     spares_used: tuple[str, ...]  # spares seated in a node's place in a later attempt
-    exit_code: int
-    status: str  # succeeded | failed
+    exit_code: int | None  # None: the job has not ended (its record from the start)
+    status: str  # succeeded | failed | running (| killed, as a reader judged a running record)
     cause: str | None  # the job's root cause, one line
     restarts: int
     stragglers: tuple[str, ...]  # from summary.json's "stragglers" when it has one
     log_dir: str
     attempts: tuple[AttemptRecord, ...]
+    node0: Mapping[str, Any] | None = None  # a running record: node 0's agent (history.liveness)
 
 
 def from_summary(summary: Mapping[str, Any], now: float) -> JobRecord:
@@ -58,11 +62,16 @@ def from_summary(summary: Mapping[str, Any], now: float) -> JobRecord:
     ends = [a.end for a in attempts if a.end is not None]
     start = min(starts) if starts else now
     end = max(ends) if ends else now
-    exit_code = _int(summary.get("exit_code"), 1)
+    running = summary.get("status") == "running"  # node 0's record from the job's start
+    exit_code = None if running else _int(summary.get("exit_code"), 1)
     last = attempts[-1] if attempts else None
+    job_id = _text(job.get("id"), 100) or "local"
+    step = _text(job.get("step"), 100)
     return JobRecord(
-        job_id=_text(job.get("id"), 100) or "local",
-        step=_text(job.get("step"), 100),
+        # A summary of an older version has no run_id: the id its job and step make.
+        run_id=_text(job.get("run_id"), 300) or run_id(job_id, step),
+        job_id=job_id,
+        step=step,
         command=_command(job.get("command")),
         start=start,
         end=max(end, start),
@@ -70,12 +79,13 @@ def from_summary(summary: Mapping[str, Any], now: float) -> JobRecord:
         ranks=last.ranks if last and last.ranks else _int(job.get("world_size"), 0),
         spares_used=_spares_used(_list(summary.get("attempts"))),
         exit_code=exit_code,
-        status="succeeded" if exit_code == 0 else "failed",
+        status="running" if running else "succeeded" if exit_code == 0 else "failed",
         cause=cause_line(summary.get("root_cause")),
         restarts=max(0, len(attempts) - 1),
         stragglers=tuple(_straggler(s) for s in _list(summary.get("stragglers"))[:100]),
         log_dir=_text(job.get("log_dir"), 4096),
         attempts=attempts,
+        node0=dict(summary["node0"]) if running and _is_map(summary.get("node0")) else None,
     )
 
 

@@ -5,7 +5,8 @@ state dir resident agents use too). WAL journal (on a network filesystem, where 
 memory index would be per host, the rollback journal and its fcntl locks), a busy timeout (BUSY_TIMEOUT) so that two jobs
 ending at the same moment wait for each other instead of failing, and every append one
 `BEGIN IMMEDIATE` transaction: the job, its attempts, then pruning of the oldest jobs beyond
-ROW_CAP. Rows are never updated.
+ROW_CAP. A job is appended twice: its running record when it starts, then its final one, which
+takes the running one's place (the same row id and run number).
 
 When that database cannot be written or locked (a read-only or full directory, an NFS home
 without working locks, a file that is not a database), the job goes to the fallback
@@ -23,10 +24,11 @@ import sqlite3
 import stat
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from agent.history.record import AttemptRecord, JobRecord
+from agent.plan.run_id import run_id
 from agent.world.state_dir import dir_problem, state_dir
 
 FILE_NAME = "history.sqlite"
@@ -45,6 +47,9 @@ _SCHEMA = (
         PRIMARY KEY (job, attempt))""",
     "CREATE INDEX IF NOT EXISTS jobs_by_job_id ON jobs (job_id, run)",
 )
+# Columns later versions added to `jobs`: added to an older database at its next append; a
+# reader of one without them reads NULL.
+_ADDED = {"run_id": "TEXT", "node0": "TEXT"}
 
 
 @dataclass(frozen=True)
@@ -140,19 +145,25 @@ def _append_once(path: Path, record: JobRecord, cap: int, busy: float) -> None:
         con.execute("BEGIN IMMEDIATE")
         for statement in _SCHEMA:
             con.execute(statement)
+        have = _columns(con)
+        for column, kind in _ADDED.items():
+            if column not in have:
+                con.execute(f"ALTER TABLE jobs ADD COLUMN {column} {kind}")
         (last,) = con.execute(
             "SELECT max(run) FROM jobs WHERE job_id = ? AND typeof(run) = 'integer'",
             (record.job_id,),
         ).fetchone()
+        key, run = _running_row(con, record) or (None, 0 if last is None else last + 1)
         job = con.execute(
-            "INSERT INTO jobs (job_id, run, step, command, start_time, end_time, nodes, ranks, "
-            "spares_used, exit_code, status, cause, restarts, stragglers, log_dir) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "INSERT INTO jobs (id, job_id, run, step, command, start_time, end_time, nodes, "
+            "ranks, spares_used, exit_code, status, cause, restarts, stragglers, log_dir, run_id, "
+            "node0) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
-                record.job_id, 0 if last is None else last + 1, record.step, record.command,
+                key, record.job_id, run, record.step, record.command,
                 record.start, record.end, record.nodes, record.ranks,
                 json.dumps(record.spares_used), record.exit_code, record.status, record.cause,
-                record.restarts, json.dumps(record.stragglers), record.log_dir,
+                record.restarts, json.dumps(record.stragglers), record.log_dir, record.run_id,
+                json.dumps(record.node0) if record.node0 is not None else None,
             ),
         ).lastrowid  # fmt: skip
         con.executemany(
@@ -175,6 +186,24 @@ def _append_once(path: Path, record: JobRecord, cap: int, busy: float) -> None:
         raise
     finally:
         con.close()
+
+
+def _running_row(con: sqlite3.Connection, record: JobRecord) -> tuple[int, int] | None:
+    """The job's running record (inserted when it started), taken out to make room for this one
+    under the same id and run number: (id, run); None when it has none. A log dir holds one job
+    (agent.run.outputs.claim_log_dir): with the id, it names the record."""
+    if not record.log_dir:
+        return None
+    found = con.execute(
+        "SELECT id, run FROM jobs WHERE status = 'running' AND log_dir = ? AND run_id = ? "
+        "AND typeof(run) = 'integer' ORDER BY id DESC LIMIT 1",
+        (record.log_dir, record.run_id),
+    ).fetchone()
+    if found is None:
+        return None
+    con.execute("DELETE FROM attempts WHERE job = ?", (found[0],))
+    con.execute("DELETE FROM jobs WHERE id = ?", (found[0],))
+    return found[0], found[1]
 
 
 NETWORK_FS = frozenset(
@@ -254,15 +283,18 @@ def read(
     path: Path,
     job_id: str | None = None,
     run: int | None = None,
+    match: Callable[[JobRecord], bool] | None = None,
     warn: Callable[[str], None] | None = None,
 ) -> list[Stored]:
-    """Every job in the database (or those of `job_id`, and `run`), oldest first; none when the
-    file does not exist. sqlite3.Error when it cannot be read. SQLite keeps any type in any
-    column: a row whose job id, run, times or exit code are not what this module writes is
-    skipped (one `warn` line for them all); any other odd value is shown as what fits."""
+    """Every job in the database (or those of `job_id`, and `run`; or those `match` keeps, with
+    their attempts), oldest first; none when the file does not exist. sqlite3.Error when it
+    cannot be read. SQLite keeps any type in any column: a row whose job id, run, run id, times
+    or exit code are not what this module writes is skipped (one `warn` line for them all); any
+    other odd value is shown as what fits."""
     if not path.is_file():
         return []
     con = sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True, timeout=BUSY_TIMEOUT)
+    skipped = 0
     try:
         if not con.execute("SELECT 1 FROM sqlite_master WHERE name = 'jobs'").fetchone():
             return []
@@ -271,60 +303,99 @@ def read(
             where, args = "WHERE job_id = ?", (job_id,)
             if run is not None:
                 where, args = where + " AND run = ?", (job_id, run)
-        jobs = con.execute(
+        added = ", ".join(c if c in _columns(con) else "NULL" for c in _ADDED)
+        rows = con.execute(
             "SELECT id, run, job_id, step, command, start_time, end_time, nodes, ranks, "
-            f"spares_used, exit_code, status, cause, restarts, stragglers, log_dir FROM jobs "
-            f"{where} ORDER BY id",
+            f"spares_used, exit_code, status, cause, restarts, stragglers, log_dir, {added} "
+            f"FROM jobs {where} ORDER BY id",
             args,
         ).fetchall()
-        attempts: dict[object, list[AttemptRecord]] = {}
-        skipped = 0
-        if job_id is not None:  # the attempts are shown for one job only
-            for row in con.execute(
-                "SELECT job, attempt, start_time, end_time, nodes, ranks, failed, spares, "
-                "lost_nodes, cause FROM attempts WHERE job IN (SELECT id FROM jobs "
-                f"{where}) ORDER BY job, attempt",
-                args,
-            ):
-                attempt = _attempt_from_row(row[1:])
-                if attempt is None:
-                    skipped += 1
-                else:
-                    attempts.setdefault(row[0], []).append(attempt)
+        jobs: list[tuple[int, Stored]] = []
+        for row in rows:
+            stored = _job_from_row(row[1:])
+            if stored is None:
+                skipped += 1
+            else:
+                jobs.append((row[0], stored))
+        if match is not None:
+            jobs = [(key, stored) for key, stored in jobs if match(stored.record)]
+        if job_id is not None or match is not None:  # the attempts are shown for one job only
+            attempts, odd = _attempts(con, [key for key, _ in jobs])
+            skipped += odd
+            jobs = [
+                (key, replace(s, record=replace(s.record, attempts=attempts.get(key, ()))))
+                for key, s in jobs
+            ]
     finally:
         con.close()
-    found = []
-    for row in jobs:
-        stored = _job_from_row(row[1:], tuple(attempts.get(row[0], ())))
-        if stored is None:
-            skipped += 1
-        else:
-            found.append(stored)
     if skipped and warn is not None:
         warn(f"{skipped} row(s) of {path} skipped: not as agent history writes them")
-    return found
+    return [stored for _, stored in jobs]
 
 
-def _job_from_row(row: Sequence[object], attempts: tuple[AttemptRecord, ...]) -> Stored | None:
-    """A jobs row (from `run` on) as read back; None when what identifies or orders it (job id,
-    run, times, exit code) does not fit."""
+def _job_from_row(row: Sequence[object]) -> Stored | None:
+    """A jobs row (from `run` on, then the _ADDED columns) as read back, without its attempts;
+    None when what identifies or orders it (job id, run, run id, times, exit code) does not
+    fit. A job's running record has no exit code yet."""
     (run, job_id, step, command, start, end, nodes, ranks, spares, exit_code, status, cause,
-     restarts, stragglers, log_dir) = row  # fmt: skip
+     restarts, stragglers, log_dir, rid, node0) = row  # fmt: skip
     start, end = _time(start), _time(end)
     if not isinstance(job_id, str) or not _is_int(run) or start is None or end is None:
         return None
-    if not _is_int(exit_code):
+    if rid is not None and not isinstance(rid, str):
+        return None
+    status = _text(status)
+    if not (_is_int(exit_code) or (exit_code is None and status == "running")):
         return None
     return Stored(
         run,  # type: ignore[arg-type]  # checked above
         JobRecord(
+            # older rows (no run_id): the id their job and step make
+            run_id=rid if isinstance(rid, str) and rid else run_id(job_id, _text(step)),
             job_id=job_id, step=_text(step), command=_text(command), start=start, end=end,
             nodes=_count(nodes), ranks=_count(ranks), spares_used=_texts(spares),
             exit_code=exit_code,  # type: ignore[arg-type]  # checked above
-            status=_text(status), cause=_text(cause) or None, restarts=_count(restarts),
-            stragglers=_texts(stragglers), log_dir=_text(log_dir), attempts=attempts,
+            status=status, cause=_text(cause) or None, restarts=_count(restarts),
+            stragglers=_texts(stragglers), log_dir=_text(log_dir), attempts=(),
+            node0=_map(node0),
         ),
     )  # fmt: skip
+
+
+def _attempts(
+    con: sqlite3.Connection, keys: Sequence[int]
+) -> tuple[dict[int, tuple[AttemptRecord, ...]], int]:
+    """The attempts of the jobs `keys` name, and how many of their rows were skipped."""
+    found: dict[int, list[AttemptRecord]] = {}
+    skipped = 0
+    for at in range(0, len(keys), 500):  # SQLite's bound on the variables of one statement
+        chunk = keys[at : at + 500]
+        for row in con.execute(
+            "SELECT job, attempt, start_time, end_time, nodes, ranks, failed, spares, "
+            f"lost_nodes, cause FROM attempts WHERE job IN ({', '.join('?' * len(chunk))}) "
+            "ORDER BY job, attempt",
+            chunk,
+        ):
+            attempt = _attempt_from_row(row[1:])
+            if attempt is None:
+                skipped += 1
+            else:
+                found.setdefault(row[0], []).append(attempt)
+    return {key: tuple(records) for key, records in found.items()}, skipped
+
+
+def _columns(con: sqlite3.Connection) -> set[str]:
+    return {row[1] for row in con.execute("PRAGMA table_info(jobs)")}
+
+
+def _map(text: object) -> dict | None:
+    if not isinstance(text, (str, bytes)):
+        return None
+    try:
+        value = json.loads(text) if text else None
+    except (ValueError, RecursionError):  # UnicodeDecodeError included; {{{{... nested deep
+        return None
+    return value if isinstance(value, dict) else None
 
 
 def _attempt_from_row(row: Sequence[object]) -> AttemptRecord | None:

@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from agent.console.rank_table import RankTable
+from agent.history.liveness import KILLED_WORDS
 from agent.history.record import AttemptRecord
 from agent.history.store import Stored
 
@@ -57,7 +58,8 @@ _UNSAFE = re.compile(r"[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
 
 
 def name(stored: Stored) -> str:
-    return f"{safe(stored.record.job_id)}.{stored.run}"
+    """The job's id (agent.plan.run_id), as every other command takes it."""
+    return safe(stored.record.run_id)
 
 
 def job_rows(jobs: Sequence[Stored]) -> list[tuple[list[str], str]]:
@@ -68,12 +70,14 @@ def job_rows(jobs: Sequence[Stored]) -> list[tuple[list[str], str]]:
         rows.append(
             (
                 [
-                    name(stored), safe(r.step), when(r.start), seconds(r.start, r.end),
+                    name(stored), safe(r.step), when(r.start),
+                    "-" if r.exit_code is None else seconds(r.start, r.end),
                     str(r.nodes), str(r.ranks), str(r.restarts),
-                    safe(", ".join(r.spares_used)) or "-", str(r.exit_code),
-                    safe(r.cause or "-", CELL), safe(r.command, CELL) or "-",
+                    safe(", ".join(r.spares_used)) or "-", exit_text(r.exit_code),
+                    safe(r.cause or _NO_VERDICT.get(r.status, "-"), CELL),
+                    safe(r.command, CELL) or "-",
                 ],
-                "" if r.exit_code == 0 else "red",
+                "" if r.status in ("succeeded", "running") else "red",
             )
         )  # fmt: skip
     return rows
@@ -145,14 +149,24 @@ def _cut(text: str, cells: int) -> str:
     return set_cell_size(text, cells - 1).rstrip(" ") + "…"
 
 
+# What a job without its verdict shows in place of a root cause (agent.history.liveness).
+_NO_VERDICT = {"running": "running", "killed": KILLED_WORDS}
+
+
+def exit_text(code: int | None) -> str:
+    return "-" if code is None else str(code)
+
+
 def job_facts(stored: Stored) -> list[str]:
     """The lines above one job's attempt table."""
     r = stored.record
+    verdict = _NO_VERDICT.get(r.status) or f"{safe(r.status)}, exit {r.exit_code}"
     lines = [
-        f"job {name(stored)} (step {safe(r.step) or '-'}): {safe(r.status)}, exit {r.exit_code}, "
+        f"job {name(stored)} (step {safe(r.step) or '-'}): {verdict}, "
         f"{r.restarts} restart(s), {r.nodes} node(s), {r.ranks} rank(s)",
         f"  command: {safe(r.command, 1000) or '-'}",
-        f"  started {when(r.start)}, ended {when(r.end)} ({seconds(r.start, r.end)} s)",
+        f"  started {when(r.start)}"
+        + ("" if r.exit_code is None else f", ended {when(r.end)} ({seconds(r.start, r.end)} s)"),
         f"  log dir: {safe(r.log_dir, 4096) or '-'}",
     ]
     if r.cause:
@@ -166,7 +180,7 @@ def job_facts(stored: Stored) -> list[str]:
 
 def as_json(stored: Stored) -> dict[str, Any]:
     data = asdict(stored.record)
-    return {"job": f"{stored.record.job_id}.{stored.run}", "run": stored.run, **data}
+    return {"job": stored.record.run_id, **data}
 
 
 def when(t: float | None) -> str:

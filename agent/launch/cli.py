@@ -22,7 +22,7 @@ warning: put it before SCRIPT). Other commands:
   python -m agent serve | run | status | down           resident agents and warm runs (salloc)
   python -m agent stacks [LOG_DIR]                      every rank's stack in a live job
   python -m agent debug [LOG_DIR] [--rank R]           ranks paused in pdb, a session with one
-  python -m agent history [JOB[.RUN]] [--failed]        this user's past jobs and runs
+  python -m agent history [ID] [--failed]               this user's past jobs and runs
 Exit codes: 0 ok, 1 a rank failed, 2 bad input (nothing started), 3 rendezvous or peer lost,
 4 secret mismatch or store tampering, 5 no progress in two attempts (restarts stopped),
 128+N the agent got signal N."""

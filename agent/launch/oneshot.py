@@ -6,7 +6,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,7 @@ from agent.node.signals import Interrupted
 from agent.plan.run_plan import Request, RunPlan, decide
 from agent.run import outputs
 from agent.run.node_run import Session
-from agent.run.summary import build_summary, job_record, node_failure
+from agent.run.summary import node_failure
 from agent.run.tools import RunTools
 from agent.run.warm_source import WarmSource, preload_modules
 from agent.text import printable
@@ -52,14 +52,19 @@ def launch(command: Command, environ: Mapping[str, str]) -> int:
     try:
         agent.connect()
         if agent.leader:
-            plan = decide(request, world, topology)
+            plan, note = outputs.claim(decide(request, world, topology))
+            if note is not None:
+                print(
+                    f"agent: warning: {printable(note, one_line=True)}", file=sys.stderr, flush=True
+                )
             session.offer(0, plan)
             lines = lifeline.watch(agent)  # the peers' lifelines: a dead one is lost at once
             control = open_control(session, agent.keys.client_key, world, plan.log_dir, lines)
             lifeline.publish(agent, control[0].port)
+            outputs.write_started(plan, world, control[0].port)  # the job's record from now on
         agent.meet()
         line = lifeline.hold(agent)  # node 0 hears of this agent's death at once
-        replan = (lambda nodes: decide(request, world, topology, nodes)) if agent.leader else None
+        replan = _replanner(request, world, plan) if plan is not None else None
         code = session.execute(0, plan, RunTools(topology, warm, replan=replan))
         agent.leave()
         return code
@@ -86,15 +91,15 @@ def launch(command: Command, environ: Mapping[str, str]) -> int:
         agent.close()
 
 
+def _replanner(request: Request, world: World, first: RunPlan) -> Callable[[int], RunPlan]:
+    """Node 0: the plan for a smaller world (--min-nodes), in the log dir the run claimed."""
+    return lambda nodes: outputs.relaid(decide(request, world, topology_at, nodes), first)
+
+
 def _unfinished(plan: RunPlan | None, world: World, code: int, cause: dict[str, Any]) -> None:
     """Node 0, the run ended before its first attempt: summary.json still says why."""
-    if plan is None or os.path.exists(os.path.join(plan.log_dir, "summary.json")):
-        return
-    try:
-        outputs.prepare_log_dir(plan.log_dir)
-        outputs.write_summary(plan.log_dir, build_summary(job_record(world, plan), [], code, cause))
-    except (AgentError, OSError):
-        pass  # the log dir itself may be what failed
+    if plan is not None:
+        outputs.write_unfinished(plan, world, code, cause)
 
 
 def _close_control(endpoint: Any, path: str | None) -> None:

@@ -24,6 +24,7 @@ import os
 import re
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import BinaryIO
 
 from agent.errors import AgentError
@@ -73,7 +74,10 @@ def build_parser() -> Parser:
         allow_abbrev=False,
     )
     parser.add_argument(
-        "log_dir", metavar="LOG_DIR", help="the job's --log-dir (default logs/<job-id>)"
+        "log_dir",
+        metavar="LOG_DIR",
+        help="the job's --log-dir (default logs/ID), or its id (8.0, 8.0.r3: as agent history "
+        "lists it)",
     )
     parser.add_argument("--rank", help="ranks to show, e.g. 0,3-5 (default: all)")
     parser.add_argument(
@@ -180,6 +184,9 @@ def _regex(text: str | None) -> re.Pattern[str] | None:
 def main(argv: Sequence[str], out: BinaryIO | None = None, colour: bool | None = None) -> int:
     try:
         command = parse(argv)
+        from agent.history import log_dir_of
+
+        command = replace(command, log_dir=log_dir_of(command.log_dir, os.environ))
         sink = out if out is not None else sys.stdout.buffer
         if colour is None:
             colour = sys.stdout.isatty() and "NO_COLOR" not in os.environ

@@ -13,6 +13,7 @@ import time
 from typing import BinaryIO
 
 from agent.errors import AgentError
+from agent.history.liveness import KILLED, unfinished
 from agent.logs.ending import Ending
 from agent.logs.hosts import read_where
 from agent.logs.logdir import check_dir, list_names, open_regular, signature
@@ -30,6 +31,7 @@ from agent.logs.selection import (
 _CHUNK = 1 << 20  # bytes read per file per poll: one chatty rank cannot starve the others
 _STALE = 1.0  # seconds without growth before a partial line is shown
 _REMAP = 2.0  # seconds between re-reads of the rank → host sources while a rank is unnamed
+_JUDGE = 2.0  # seconds between looks at whether a running record's node 0 is still there
 
 
 class _Followed:
@@ -74,19 +76,35 @@ class Tail:
                 print(
                     f"agent logs: no rank file in {log_dir} matches the selection", file=sys.stderr
                 )
+            judged = unfinished(log_dir)
+            if judged is not None and judged[0] == KILLED:  # these files are all there will be
+                print(f"agent logs: {judged[1]}", file=sys.stderr)
             return 0
         if not os.path.exists(log_dir):
             print(f"agent logs: waiting for {log_dir} to appear (Ctrl-C to stop)", file=sys.stderr)
         summary = os.path.join(log_dir, "summary.json")
         before = signature(summary)  # a summary.json from before we started does not count
         ending = Ending(log_dir, self.command.idle_exit)
+        running = before is not None and unfinished(log_dir) is not None
+        judge_at = 0.0  # when to ask again whether a running record's agents are still there
         try:
             while True:
                 busy = self.poll(to_eof=not self.started)
                 self.started = True
-                if signature(summary) != before:
-                    self.poll(to_eof=True, final=True)  # the job ended: all is in the files now
-                    return 0
+                now = signature(summary)
+                if now != before:
+                    before = now  # the job's record: its start, or its end
+                    running = unfinished(log_dir) is not None
+                    if not running:
+                        self.poll(to_eof=True, final=True)  # it ended: all is in the files now
+                        return 0
+                if running and time.monotonic() >= judge_at:
+                    judge_at = time.monotonic() + _JUDGE
+                    judged = unfinished(log_dir)
+                    if judged is not None and judged[0] == KILLED:
+                        self.poll(to_eof=True, final=True)
+                        print(f"agent logs: {judged[1]}; stopping", file=sys.stderr)
+                        return 0
                 why = ending.why(self.names, self.grew, time.monotonic())
                 if why is not None:
                     self.poll(to_eof=True, final=True)

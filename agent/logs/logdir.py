@@ -22,7 +22,8 @@ def check_dir(log_dir: str) -> None:
     if not os.path.isdir(log_dir):
         what = "is not a directory" if os.path.exists(log_dir) else "does not exist"
         raise AgentError(
-            f"log dir {log_dir} {what}: pass the job's --log-dir (default logs/<job-id>)"
+            f"log dir {log_dir} {what}: pass the job's --log-dir (default logs/ID) or its id "
+            "(agent history lists them)"
         )
     try:
         os.listdir(log_dir)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 from agent.errors import AgentError
+from agent.history.liveness import unfinished
 from agent.logs.logdir import check_dir, read_json
 from agent.logs.selection import safe_text
 from agent.logs.timeline import layout, svg
@@ -22,6 +23,9 @@ def write_timeline(log_dir: str, target: str) -> str:
         )
     if not isinstance(summary, dict):
         raise AgentError(f"{os.path.join(log_dir, 'summary.json')} is not a JSON object")
+    judged = unfinished(log_dir)
+    if judged is not None:  # its record from the start: no verdict to draw
+        raise AgentError(f"{judged[1]}: the timeline draws a job from its summary, at its end")
     try:
         ranks = _json(os.path.join(log_dir, "ranks.json"))
     except AgentError:

@@ -10,6 +10,7 @@ from typing import Any, BinaryIO
 
 from agent.console.rank_table import RankTable
 from agent.errors import AgentError
+from agent.history.liveness import RUNNING, unfinished
 from agent.logs.logdir import check_dir, read_json
 from agent.logs.selection import LogsCommand, Selection, safe_text, selected
 from agent.plan.ranks import FR_DUMP_PREFIX
@@ -120,6 +121,15 @@ def _took(start: Any, end: Any) -> str:
         return "-"
 
 
+def _not_over(state: str, log_dir: str) -> str:
+    if state == RUNNING:
+        return f"its summary comes when it ends; meanwhile: python -m agent logs {log_dir} --follow"
+    return (
+        f"no verdict, no root cause: what its ranks wrote is in its files (python -m agent "
+        f"logs {log_dir})"
+    )
+
+
 # --- act -----------------------------------------------------------------------------------
 
 
@@ -151,6 +161,11 @@ def show_summary(command: LogsCommand, out: BinaryIO, colour: bool) -> int:
         )
     if not isinstance(summary, dict):
         raise AgentError(f"{path} is not a JSON object")
+    judged = unfinished(command.log_dir)
+    if judged is not None:  # its record from the start: still running, or killed before its end
+        out.write(f"{judged[1]}\n{_not_over(judged[0], command.log_dir)}\n".encode())
+        out.flush()
+        return 0
     width = shutil.get_terminal_size((100, 24)).columns if colour else 100
     console = Console(
         file=io.StringIO(), force_terminal=colour, no_color=not colour, width=width, highlight=False

@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import os
 import shutil
-import time
 from pathlib import Path
 
 from agent.errors import AgentError
 from agent.plan.options import Options
-from agent.world import World
 
 
 def check_script(script: str, options: Options, cwd: str | None = None) -> None:
@@ -35,13 +33,6 @@ def check_script(script: str, options: Options, cwd: str | None = None) -> None:
         )
     if not os.access(path, os.R_OK):
         raise AgentError(f"script {script!r} is not readable; fix its permissions (chmod a+r)")
-
-
-def default_log_dir(world: World) -> str:
-    if world.job_id:
-        step = world.step_id
-        return os.path.join("logs", world.job_id + (f".{step}" if step not in ("", "0") else ""))
-    return os.path.join("logs", time.strftime("local-%Y%m%d-%H%M%S") + f"-{os.getpid()}")
 
 
 def check_log_dir(path: str) -> None:

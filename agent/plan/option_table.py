@@ -19,7 +19,7 @@ OPTIONS: tuple[Option, ...] = (
         "log_dir",
         str,
         None,
-        "where rank files, agent logs and summary.json go (default logs/<job-id>)",
+        "where rank files, agent logs and summary.json go (default logs/ID: logs/8.0 for job 8's step 0)",
     ),
     Option(
         "console_ranks",

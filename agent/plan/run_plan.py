@@ -9,6 +9,7 @@ the plan and its own topology (`rank_specs`), once per attempt.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -23,6 +24,7 @@ from agent.plan.payload import Payload
 from agent.plan.rank_set import parse_rank_set
 from agent.plan.ranks import Launch, RankSpec, node_ranks, script_command
 from agent.plan.roster import Roster, active_world, seated
+from agent.plan.run_id import local_job, run_id
 from agent.plan.topology import Topology
 from agent.world import World
 
@@ -40,7 +42,7 @@ class Request:
         None  # a client's working directory: paths are relative to it, ranks start there
     )
     env: Mapping[str, str] | None = None  # a client's exported variables, for every rank
-    log_dir: str | None = None  # the default log dir when --log-dir is not given
+    run: int | None = None  # a resident agents' run number (None: the one-shot job)
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,7 @@ class RunPlan:
     nproc_per_node: int
     cwd: str | None = None  # where ranks start (None: where the agent started)
     env: Mapping[str, str] | None = None  # added to every rank's environment (a client's)
+    run_id: str = ""  # the job's or run's id (agent.plan.run_id); logs/<run_id> by default
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -80,6 +83,7 @@ class RunPlan:
                 nproc_per_node=int(data["nproc_per_node"]),
                 cwd=None if data.get("cwd") is None else str(data["cwd"]),
                 env={str(k): str(v) for k, v in (data.get("env") or {}).items()},
+                run_id=str(data.get("run_id") or ""),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise AgentError(
@@ -111,7 +115,9 @@ def decide(
     shape = shape_of(world, lay)
     with cfg.size_limit(limit):  # the config parser reads the configs again
         payload = run_parser(load_parser(options.config_parser), configs, request.overrides, shape)
-    log_dir = _under(cwd, options.log_dir or request.log_dir or checks.default_log_dir(world))
+    job = world.job_id or local_job(time.time(), os.getpid())
+    name = run_id(job, world.step_id, request.run)
+    log_dir = _under(cwd, options.log_dir or os.path.join("logs", name))
     checks.check_log_dir(log_dir)
     return RunPlan(
         script=request.script,
@@ -125,6 +131,7 @@ def decide(
         nproc_per_node=lay.nproc_per_node,
         cwd=cwd,
         env=dict(request.env or {}),
+        run_id=name,
     )
 
 

@@ -6,12 +6,19 @@ import contextlib
 import json
 import logging
 import os
+import re
 import threading
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from agent import history
 from agent.errors import AgentError
+from agent.history import liveness
+from agent.plan.run_id import copied
+from agent.plan.run_plan import RunPlan
+from agent.run.summary import build_summary, job_record, started_summary
+from agent.world import World
 
 log = logging.getLogger("agent")
 
@@ -38,6 +45,77 @@ def prepare_log_dir(path: str) -> str:
             f"log dir {path!r} is not writable ({exc.strerror}); pass --log-dir DIR on a writable filesystem"
         ) from None
     return path
+
+
+# What a job writes into its log dir (agent.plan.ranks names the rank files): a directory that
+# holds any of these holds a job already.
+_JOB_FILE = re.compile(
+    r"rank-\d+\..*|agent-\d+\.log|resolved-config\.agent-\d+\.json|ranks\.json|summary\.json"
+    r"|control\.json|stacks-a\d+\.txt|metrics\.prom|nccl-trace\..*|\.summary-reserve"
+)
+CLAIM_TRIES = 1000
+_RESERVE = ".summary-reserve"  # node 0's room for summary.json; created first, it claims the dir
+
+
+def job_files(names: Sequence[str]) -> list[str]:
+    """The names among a directory's entries that a job wrote (pure; sorted)."""
+    return sorted(n for n in names if _JOB_FILE.fullmatch(n))
+
+
+def claim_log_dir(path: str) -> tuple[str, int, str | None]:
+    """Node 0, before it offers the plan: the log dir this job writes into — `path`, or the first
+    free `path-2`, `path-3`, ... when `path` holds another job's files —, which copy of the name
+    that is (1: `path`) and the line that says so (None when `path` was free).
+
+    A log dir holds one job: it is claimed at once by creating the summary reserve exclusively,
+    so two jobs starting together never share one."""
+    for copy in range(1, CLAIM_TRIES + 1):
+        candidate = copied(path, copy)
+        if os.path.isdir(candidate) and job_files(os.listdir(candidate)):
+            continue  # a job's files already: never written into
+        prepare_log_dir(candidate)
+        try:
+            reserve = os.path.join(candidate, _RESERVE)
+            fd = os.open(reserve, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            continue  # another job claimed it a moment ago
+        except OSError as exc:
+            raise AgentError(
+                f"log dir {candidate!r} is not writable ({exc.strerror}); pass --log-dir DIR on a "
+                "writable filesystem"
+            ) from None
+        os.close(fd)
+        if copy == 1:
+            return candidate, copy, None
+        taken = job_files(os.listdir(path)) if os.path.isdir(path) else []
+        return (
+            candidate,
+            copy,
+            (
+                f"log dir {path} holds another job's files ({', '.join(taken[:3])}"
+                f"{', ...' if len(taken) > 3 else ''}): this job's logs go to {candidate}"
+            ),
+        )
+    raise AgentError(
+        f"log dir {path!r} and {CLAIM_TRIES - 1} next names ({copied(path, 2)}, ...) hold other "
+        "jobs' files; pass --log-dir DIR naming a new directory"
+    )
+
+
+def claim(plan: RunPlan) -> tuple[RunPlan, str | None]:
+    """Node 0: the plan in the log dir it claimed, and the line to say when that is not the one
+    asked for (`claim_log_dir`)."""
+    log_dir, copy, note = claim_log_dir(plan.log_dir)
+    name = plan.run_id
+    if os.path.basename(plan.log_dir) == name:  # the default logs/<id>: the id follows its dir
+        name = copied(name, copy)
+    return replace(plan, log_dir=log_dir, run_id=name), note
+
+
+def relaid(plan: RunPlan, first: RunPlan) -> RunPlan:
+    """A plan made again (a smaller world, --min-nodes) in the log dir the run claimed first,
+    under its id."""
+    return replace(plan, log_dir=first.log_dir, run_id=first.run_id)
 
 
 def write_config(log_dir: str, agent_index: int, config: Mapping[str, Any]) -> str:
@@ -69,9 +147,6 @@ def write_ranks(
         log.error("cannot write ranks.json in %s (%s)", log_dir, exc.strerror or exc)
 
 
-_RESERVE = ".summary-reserve"
-
-
 def reserve_space(log_dir: str, size: int = 1 << 20) -> None:
     """Node 0 holds room for summary.json from the start: a log disk that fills up during the
     run must not also lose the verdict (the reserve is freed just before the summary is written)."""
@@ -80,6 +155,52 @@ def reserve_space(log_dir: str, size: int = 1 << 20) -> None:
             f.write(bytes(size))
     except OSError:
         pass  # already full: the summary will try anyway
+
+
+def write_started(plan: RunPlan, world: World, port: int) -> None:
+    """Node 0, the job's endpoint open: its record from the start — summary.json `running` and
+    the history row, naming node 0's agent — so that a job killed before its end (SIGKILL, a
+    node rebooted) still leaves one that every reader reports as killed, never as running."""
+    node0 = liveness.node0_record(world.host, world.master_addr, port)
+    summary = started_summary(job_record(world, plan), node0)
+    path = os.path.join(plan.log_dir, "summary.json")
+    try:
+        write_json(path, summary, indent=1)
+    except OSError as exc:
+        log.error("cannot write %s (%s)", path, exc.strerror or exc)
+    # The history row on a thread of its own: a SQLite commit (25-50 ms here) stays off the
+    # launch; the job's final row waits for it (`write_summary`), so it always comes second.
+    row = threading.Thread(
+        target=history.record_job, args=(summary, dict(os.environ)), name="history-start",
+        daemon=True,
+    )  # fmt: skip
+    row.start()
+    _STARTING[plan.log_dir] = row
+
+
+_STARTING: dict[str, threading.Thread] = {}  # log dir → the thread appending its running row
+_START_WAIT = 30.0  # seconds the final row waits for the running one (the store's busy timeout)
+
+
+def write_unfinished(plan: RunPlan, world: World, code: int, cause: Mapping[str, Any]) -> None:
+    """Node 0, the run ended before its first attempt: summary.json still says why (unless the
+    run's own verdict is there already)."""
+    if has_verdict(plan.log_dir):
+        return
+    try:
+        prepare_log_dir(plan.log_dir)
+        write_summary(plan.log_dir, build_summary(job_record(world, plan), [], code, cause))
+    except (AgentError, OSError):
+        pass  # the log dir itself may be what failed
+
+
+def has_verdict(log_dir: str) -> bool:
+    """Whether LOG_DIR/summary.json is the job's last word (not its running record)."""
+    try:
+        with open(os.path.join(log_dir, "summary.json")) as f:
+            return json.load(f).get("status") != liveness.RUNNING
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def write_summary(log_dir: str, summary: Mapping[str, Any]) -> str | None:
@@ -94,6 +215,9 @@ def write_summary(log_dir: str, summary: Mapping[str, Any]) -> str | None:
         log.error("cannot write %s (%s)", path, exc.strerror or exc)
         return None
     finally:
+        started = _STARTING.pop(log_dir, None)
+        if started is not None:
+            started.join(_START_WAIT)
         history.record_job(summary, os.environ)  # the user's job history; never raises
     return path
 

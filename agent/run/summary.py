@@ -104,6 +104,7 @@ def node_failure(
 def job_record(world: Any, plan: Any) -> dict[str, Any]:
     """summary.json's "job": who ran what, where (from a World and a RunPlan)."""
     return {
+        "run_id": plan.run_id,  # the id every command takes (agent.plan.run_id)
         "id": world.job_id,
         "step": world.step_id,
         "source": world.source,
@@ -115,6 +116,21 @@ def job_record(world: Any, plan: Any) -> dict[str, Any]:
         "hosts": list(world.hosts),
         "log_dir": plan.log_dir,
         "command": [plan.script, *plan.configs, *plan.script_args],
+    }
+
+
+def started_summary(job: Mapping[str, Any], node0: Mapping[str, Any]) -> dict[str, Any]:
+    """summary.json while the job runs: who runs what, and node 0's agent that will complete it
+    (`node0`: a reader tells a running job from a killed one by it, agent.history.liveness)."""
+    return {
+        "job": dict(job),
+        "status": "running",
+        "exit_code": None,
+        "root_cause": None,
+        "excluded": [],
+        "stragglers": [],
+        "attempts": [],
+        "node0": dict(node0),
     }
 
 

@@ -132,7 +132,9 @@ def _parse_stacks(argv: Sequence[str]) -> ClientCommand:
         "allocation, from SLURM_JOB_ID (resident agents).",
         allow_abbrev=False,
     )
-    parser.add_argument("log_dir", nargs="?", metavar="LOG_DIR", help="the job's log dir")
+    parser.add_argument(
+        "log_dir", nargs="?", metavar="LOG_DIR", help="the job's log dir, or its id (8.0, 8.0.r3)"
+    )
     parser.add_argument("--native", action="store_true", help="add C/C++ frames (py-spy --native)")
     parser.add_argument("--ranks", default="all", help="only these ranks, e.g. 0,3-5")
     parser.add_argument("--serve", metavar="FILE", help=_CLIENT_HELP)

@@ -1,7 +1,7 @@
 """The client side of `agent run|status|down`: find node 0's agent, prove the secret, talk.
 
 Requests: {"op": "run", "argv", "cwd", "env"} | {"op": "status"} | {"op": "down"}, and during a
-run {"op": "signal", "signal": NAME}. Answers: {"accepted": {"run", "log_dir"}}, {"out": base64,
+run {"op": "signal", "signal": NAME}. Answers: {"accepted": {"run", "id", "log_dir"}}, {"out": base64,
 "fd": 1|2}, {"log": line}, {"end": code, "summary": path|None}, {"error": text, "code": int},
 {"status": {...}}, {"down": {"agents": n}}. Unknown keys are ignored (a newer agent may add some).
 Kept free of torch (and of everything a run needs): the client must start at once.
@@ -174,6 +174,7 @@ class _RunView:
         self._lock = threading.Lock()
         self._dead: set[int] = set()
         self._run: int | None = None
+        self._id = ""  # the run's id (agent.plan.run_id), as history and its log dir name it
         self._log_dir = ""
         self._forwarded = False
 
@@ -189,8 +190,9 @@ class _RunView:
                 self.line(f"{printable(msg['log'])}\n")
             elif "accepted" in msg:
                 self._run = int(msg["accepted"]["run"])
+                self._id = printable(str(msg["accepted"].get("id") or self._run), one_line=True)
                 self._log_dir = str(msg["accepted"].get("log_dir", ""))
-                self.line(f"[agent] run {self._run}: logs in {self._log_dir}\n")
+                self.line(f"[agent] run {self._id}: logs in {self._log_dir}\n")
             elif "end" in msg:
                 self._release()  # the run is over: what waited for a session shows now
                 if msg.get("summary"):
@@ -213,7 +215,7 @@ class _RunView:
         self._write(2, text.encode("utf-8", "replace"))
 
     def lost(self) -> AgentError:
-        during = f"during run {self._run}" if self._run is not None else "before the run started"
+        during = f"during run {self._id}" if self._run is not None else "before the run started"
         logs = f"; its logs are in {self._log_dir}" if self._log_dir else ""
         return AgentError(
             f"lost the resident agents (node 0's agent at {self._channel.peer}) {during}{logs}; "

@@ -6,9 +6,12 @@ import glob
 import os
 import sys
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from agent.errors import AgentError, ExitCode
+from agent.history import log_dir_of
+from agent.history.liveness import KILLED, unfinished
 from agent.launch.cli import misplaced_warning
 from agent.plan.client_env import client_env
 from agent.serve import client, pdb_terminal
@@ -23,14 +26,17 @@ def main(action: str, argv: Sequence[str], environ: Mapping[str, str]) -> int:
         print(f"agent: warning: {printable(warning, one_line=True)}", file=sys.stderr, flush=True)
     home = Path.home()
     log_dir = command.log_dir if command.serve_file == _control(command.log_dir) else None
-    if log_dir is not None and not os.path.isfile(_control(log_dir)):
+    if log_dir is not None:  # LOG_DIR, or the id of its job (agent history's)
+        log_dir = log_dir_of(log_dir, environ)
+        command = replace(command, serve_file=_control(log_dir), log_dir=log_dir)
+    if log_dir is not None and (not os.path.isfile(_control(log_dir)) or killed(log_dir)):
         raise not_live(log_dir)
     target = client.locate(environ, home, command.serve_file)
     try:
         channel = client.open_channel(target, environ, home)
     except AgentError as exc:
         finished = log_dir is not None and exc.code == ExitCode.RENDEZVOUS
-        if finished and os.path.isfile(os.path.join(log_dir, "summary.json")):
+        if finished and (has_verdict(log_dir) or killed(log_dir)):
             raise not_live(log_dir) from None
         raise
     try:
@@ -82,7 +88,14 @@ def not_live(log_dir: str) -> AgentError:
     """`agent stacks LOG_DIR` when no node 0 answers for LOG_DIR: what its files say instead
     (3: no job to ask; 2: LOG_DIR is not a directory)."""
     summary = os.path.join(log_dir, "summary.json")
-    if os.path.isfile(summary):
+    judged = unfinished(log_dir)
+    if judged is not None and judged[0] == KILLED:  # the record of its start, never completed
+        return AgentError(
+            f"{judged[1]}: there is nothing to ask; what its ranks wrote: python -m agent logs "
+            f"{log_dir}",
+            ExitCode.RENDEZVOUS,
+        )
+    if os.path.isfile(summary) and judged is None:
         stacks = sorted(glob.glob(os.path.join(glob.escape(log_dir), "stacks-a*.txt")))
         saved = f"its stacks at the hang: {', '.join(stacks)}; " if stacks else ""
         return AgentError(
@@ -90,12 +103,25 @@ def not_live(log_dir: str) -> AgentError:
             ExitCode.RENDEZVOUS,
         )
     if not os.path.isdir(log_dir):
-        return AgentError(f"{log_dir} is not a directory: pass the job's log dir (--log-dir)")
+        return AgentError(
+            f"{log_dir} is not a directory, nor the id of a job this user ran: pass the job's "
+            "log dir (--log-dir) or its id (agent history lists them)"
+        )
     return AgentError(
         f"{log_dir} has no control.json (node 0 writes it while the job runs) and no "
         "summary.json: the job has not started yet, or this is not a job's log dir",
         ExitCode.RENDEZVOUS,
     )
+
+
+def killed(log_dir: str) -> bool:
+    """Whether LOG_DIR's job ended without its summary: its agents were killed."""
+    judged = unfinished(log_dir)
+    return judged is not None and judged[0] == KILLED
+
+
+def has_verdict(log_dir: str) -> bool:
+    return os.path.isfile(os.path.join(log_dir, "summary.json")) and unfinished(log_dir) is None
 
 
 def _control(log_dir: str | None) -> str | None:

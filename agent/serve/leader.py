@@ -35,6 +35,7 @@ class Active:
     script: str = ""
     log_dir: str = ""
     started: float = 0.0
+    id: str = ""  # the run's id (agent.plan.run_id), once planned
 
 
 class Leader:
@@ -79,6 +80,7 @@ class Leader:
         with self._lock:
             if self.active is not None:
                 self.active.script, self.active.log_dir = plan.script, plan.log_dir
+                self.active.id = plan.run_id
                 self.active.started = time.time()
 
     # -- endpoint threads -----------------------------------------------------------------
@@ -115,7 +117,7 @@ class Leader:
             return "the resident agents are stopping (agent down); start them again with srun"
         what = f"{busy.script} (logs in {busy.log_dir})" if busy.script else "being prepared"
         return (
-            f"run {busy.run} is active: {what}; wait for it to end, or stop it with Ctrl-C in "
+            f"run {busy.id or busy.run} is active: {what}; wait for it to end, or stop it with Ctrl-C in "
             "its client"
         )
 
@@ -185,6 +187,7 @@ class Leader:
         run = None
         if active is not None:
             run = {"run": active.run, "script": active.script, "started": active.started}
+            run["id"] = active.id
             run["log_dir"] = active.log_dir
         return {
             "job": world.job_id,

@@ -25,7 +25,9 @@ from agent.plan.client_env import client_env
 from agent.plan.roster import Exclusion, Roster, Shortfall
 from agent.plan.run_plan import Request, RunPlan, decide
 from agent.plan.topology import Topology
+from agent.run import outputs
 from agent.run.node_run import Session
+from agent.run.summary import node_failure
 from agent.run.tools import RunTools
 from agent.run.warm_source import WarmSource
 from agent.serve.cli import parse_run
@@ -44,6 +46,7 @@ class RunRunner:
         self.session = Session(agent)  # the runs of this resident agent
         self.offered = False  # the last run got as far as publishing its plan
         self.port = 0  # node 0's endpoint, named in each run's control.json
+        self.note: str | None = None  # the last run's log dir held another job's files
 
     def run(
         self,
@@ -53,7 +56,7 @@ class RunRunner:
         started: Callable[[RunPlan], None],
     ) -> dict[str, Any]:
         """The run's last message for its client: {"end": code, ...} or {"error": ...}."""
-        self.offered = False
+        self.offered, self.note = False, None
         drain(self.agent.events)  # a previous client's late Ctrl-C is not this run's
         try:
             plan = self._plan(number, message)
@@ -61,12 +64,15 @@ class RunRunner:
             log.warning("run %d refused: %s", number, exc.message)
             return {"error": exc.message, "code": int(exc.code)}
         started(plan)
-        _send(channel, {"accepted": {"run": number, "log_dir": plan.log_dir}})
+        _send(channel, {"accepted": {"run": number, "id": plan.run_id, "log_dir": plan.log_dir}})
+        if self.note is not None:  # its log dir held another job: where its logs went instead
+            log.warning("%s", self.note)
+            _send(channel, {"log": f"[agent] {self.note}"})
         sinks = Sinks(ChannelOut(channel, 1), ChannelOut(channel, 2))
         world, request, read = self.agent.world, self.request, self.read_topology
 
-        def replan(nodes: int) -> RunPlan:
-            return decide(request, world, read, nodes)
+        def replan(nodes: int) -> RunPlan:  # a smaller world, in the log dir claimed
+            return outputs.relaid(decide(request, world, read, nodes), plan)
 
         with forward_logs(channel, self.agent.world.host):
             try:
@@ -74,11 +80,19 @@ class RunRunner:
                 self.offered = True
                 if self.port:
                     write_control(plan.log_dir, self.agent.world, self.port, number)
+                outputs.write_started(plan, world, self.port)  # the run's record from now on
                 tools = RunTools(self.read_topology, self.warm, sinks, replan)
                 code = self.session.execute(number, plan, tools)
             except AgentError as exc:
-                if not isinstance(exc, PeerFailed):  # ours: the other nodes must hear of it
+                own = not isinstance(exc, PeerFailed)
+                if own:  # ours: the other nodes must hear of it
                     self.agent.tell("setup", exc.message)
+                cause = (
+                    node_failure("setup", world.node_rank, world.host, exc.message, time.time())
+                    if own
+                    else {"kind": "join", "how": exc.message}
+                )
+                outputs.write_unfinished(plan, world, int(exc.code), cause)  # the record's end
                 return {"error": exc.message, "code": int(exc.code)}
         if self.agent.signals.received is not None:  # the agent's own signal: stop serving
             raise Interrupted(self.agent.signals.received)
@@ -104,11 +118,12 @@ class RunRunner:
             given,
             cwd=cwd,
             env=exported,
-            log_dir=_default_log_dir(cwd, agent.world.job_id, number),
+            run=number,
         )
         plan = decide(request, agent.world, self.read_topology)
         _check_losses(agent, self.session.roster, plan)
         self.request = request  # for a smaller world, planned again (--min-nodes)
+        plan, self.note = outputs.claim(plan)
         return plan
 
 
@@ -154,15 +169,6 @@ def _checked(message: dict[str, Any]) -> tuple[list[str], str, dict[str, str]]:
     ):
         raise AgentError("the run request's environment is not a map of strings")
     return argv, cwd, env
-
-
-def _default_log_dir(cwd: str, job_id: str, number: int) -> str:
-    """One directory per run: logs/<job>.run<N> (with a time stamp if an earlier session of
-    resident agents in this job already used that name)."""
-    name = os.path.join("logs", f"{job_id or 'local'}.run{number}")
-    if os.path.exists(os.path.join(cwd, name)):
-        name += time.strftime(".%Y%m%d-%H%M%S")
-    return name
 
 
 def drain(events: queue.SimpleQueue[Any]) -> None:

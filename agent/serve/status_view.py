@@ -31,7 +31,8 @@ def render_status(status: Mapping[str, Any], now: float) -> list[str]:
         )
         log_dir = _text(current.get("log_dir"), "")
         lines.append(
-            f"run {_text(current.get('run'), '?')}: {_text(current.get('script'), '?')}{since}"
+            f"run {_text(current.get('id') or current.get('run'), '?')}: "
+            f"{_text(current.get('script'), '?')}{since}"
             + (f", logs in {log_dir}" if log_dir else "")
         )
     else:

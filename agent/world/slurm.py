@@ -24,7 +24,9 @@ _SLURM_FIX = (
     "srun sets SLURM_* for every task of a job step: run the agent as an srun task and keep "
     "them as srun set them (no overwriting, no apptainer --cleanenv)"
 )
-_SRUN = "run under `srun --ntasks-per-node=1 python -m agent …`, or pass --world local"
+_SRUN = (
+    "run under `srun --ntasks-per-node=1 --disable-status python -m agent …`, or pass --world local"
+)
 _SLURM_PER_NODE = (
     "one agent per node needs `srun --ntasks-per-node=1 --ntasks=$SLURM_NNODES`; "
     "for one srun task per rank pass --world slurm-task"
