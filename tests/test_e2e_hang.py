@@ -56,12 +56,17 @@ def test_hang_timeout_names_the_lone_rank_and_leaves_nothing(cluster_factory):
     wait_for(lambda: _started(cluster), 90, "every rank to reach its loop", interval=0.2)
     last_output = time.monotonic()
     codes = cluster.wait(60)
-    assert time.monotonic() - last_output < 5 + 5 + 2, "detected and torn down in time"
+    # A hang catcher only: BENCHMARKS.md 8a measures last output → every agent exited ~7 s.
+    assert time.monotonic() - last_output < 5 + 25, "detected and torn down in time"
     assert codes == [1, 1], cluster.dump()
     cause = cluster.summary()["root_cause"]["how"]
+    # The recorders first (which collective, who never came), then the stacks' groups.
     assert cause.startswith(
-        "hang: no progress for 5 s from the 4 ranks still running; rank 3 in spin_without_progress"
+        "hang: no progress for 5 s from the 4 ranks still running; ranks 0-2 entered all_reduce "
+        "#1 on default_pg ([1] Float); rank 3 has entered none on it and is in "
+        "spin_without_progress (stuck_job.py:"
     ), cause
+    assert "; rank 3 in spin_without_progress" in cause, cause
     # blocked inside torch: the innermost frame, and the user's frame that called it
     assert (
         "; ranks 0-2 in " in cause
@@ -84,9 +89,8 @@ def test_output_that_is_not_progress_is_still_a_hang(cluster_factory):
     assert cluster.wait(90) == [1, 1], cluster.dump()
     assert "tick" in cluster.rank_file(3).read_text(), "the lone rank kept printing"
     cause = cluster.summary()["root_cause"]["how"]
-    assert cause.startswith(
-        "hang: no progress for 8 s from the 4 ranks still running; rank 3 in spin_without_progress"
-    ), cause
+    assert cause.startswith("hang: no progress for 8 s from the 4 ranks still running; "), cause
+    assert "; rank 3 in spin_without_progress" in cause, cause
 
 
 def test_a_hang_restarts_the_world_then_fails_as_a_hang(cluster_factory):

@@ -25,14 +25,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from serving import Serving
 from terminal import Terminal, print_x_and_continue
 
+from agent.plan.rank_set import parse_rank_set
+
 pytestmark = pytest.mark.e2e
 
 SHAPES = str(REPO / "tests" / "fixtures" / "shapes_job.py")
-STUCK_AT = next(
-    n
-    for n, line in enumerate(Path(SHAPES).read_text().splitlines(), 1)
-    if line.strip() == "time.sleep(0.05)"
-)
 HANG = 4.0
 
 
@@ -71,15 +68,29 @@ def _agent(log_dir: Path, *args: str, env: dict | None = None) -> subprocess.Com
     )  # fmt: skip
 
 
-def _groups(stacks: str) -> list[str]:
-    """`---- ranks 2-3 (2 ranks on 127.0.0.2) ----` → `ranks 2-3`, in order."""
-    return re.findall(r"^---- (ranks? \S+) \(", stacks, re.M)
+def _groups(stacks: str) -> set[int]:
+    """Every rank a group of `agent stacks` names (`---- ranks 2-3 (2 ranks on ...) ----`):
+    which groups they form depends on the line each was sampled at, the ranks do not."""
+    found: set[int] = set()
+    for ranks in re.findall(r"^---- ranks? (\S+) \(", stacks, re.M):
+        found |= set(parse_rank_set(ranks, "ranks") or ())
+    return found
+
+
+def _ranks(text: str) -> set[int]:
+    """`ranks 0,2` / `rank 2` → {0, 2}."""
+    return set(parse_rank_set(text.split()[1], "ranks") or ())
 
 
 def _hang_checked(how: str, running: str, count: int, exited: str) -> None:
+    """The root cause names the ranks still running, in stuck (at whichever line each was
+    sampled), and the ranks that had exited."""
     noun = "rank" if count == 1 else "ranks"
-    head = f"hang: no progress for {HANG:g} s from the {count} {noun} still running; {running} in "
-    assert how.startswith(head + f"stuck (shapes_job.py:{STUCK_AT})"), how
+    assert how.startswith(
+        f"hang: no progress for {HANG:g} s from the {count} {noun} still running; "
+    ), how
+    stuck = re.findall(r"(ranks? \S+) in stuck \(shapes_job\.py:\d+\)", how)
+    assert set().union(*map(_ranks, stuck)) == _ranks(running), how
     assert re.search(rf"; {exited} exited 0 at \d\d:\d\d:\d\d$", how), how
 
 
@@ -103,14 +114,14 @@ def test_stacks_then_a_hang_from_the_ranks_still_running(
     wait_for(lambda: _settled(cluster.log_dir, named), 90, "ranks done and spinning", 0.1)
     stacks = _agent(cluster.log_dir, "stacks")
     assert stacks.returncode == 0, stacks.stderr + cluster.dump()
-    assert _groups(stacks.stdout) == [running], stacks.stdout  # the exited ranks have no stack
+    assert _groups(stacks.stdout) == _ranks(running), stacks.stdout  # the exited have no stack
     assert "in stuck" in stacks.stdout, stacks.stdout
 
     (cluster.log_dir / "quiet").touch()  # the spinning ranks fall silent
     assert cluster.wait(60) == [1] * nodes, cluster.dump()
     spinning = named.count("spin")
     _hang_checked(cluster.summary()["root_cause"]["how"], running, spinning, exited)
-    assert _groups((cluster.log_dir / "stacks-a0.txt").read_text()) == [running]
+    assert _groups((cluster.log_dir / "stacks-a0.txt").read_text()) == _ranks(running)
 
 
 def test_a_resident_run_on_warm_ranks_hangs_after_node_0s_ranks_exited(tmp_path):
@@ -130,7 +141,7 @@ def test_a_resident_run_on_warm_ranks_hangs_after_node_0s_ranks_exited(tmp_path)
         wait_for(lambda: _settled(log_dir, named), 90, "ranks done and spinning", 0.1)
         stacks = _agent(log_dir, "stacks", env=serving.shell_env())
         assert stacks.returncode == 0, stacks.stderr + serving.dump()
-        assert _groups(stacks.stdout) == ["ranks 2-3"], stacks.stdout
+        assert _groups(stacks.stdout) == {2, 3}, stacks.stdout
         (log_dir / "quiet").touch()
         _, err = client.communicate(timeout=60)
         assert client.returncode == 1, err.decode() + serving.dump()
