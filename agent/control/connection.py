@@ -128,14 +128,43 @@ def find(environ: Mapping[str, str], home: Path, explicit: str | None) -> Path:
         return path
     job_id = environ.get("SLURM_JOB_ID") or environ.get("AGENT_JOB_ID")
     if not job_id:
-        return _the_only_file(state_dir(environ, home))
-    path = path_for(environ, home, job_id)
-    if not path.is_file():
-        raise AgentError(
-            f"no resident agents for job {job_id}: {path} does not exist; {START_HINT}",
-            ExitCode.RENDEZVOUS,
-        )
+        directory = state_dir(environ, home)
+        problem = dir_problem(directory)  # as with a job id: another user could plant the file
+        if problem:
+            raise AgentError(problem, ExitCode.USAGE)
+        path = _the_only_file(directory)
+    else:
+        path = path_for(environ, home, job_id)
+        if not path.is_file():
+            raise AgentError(
+                f"no resident agents for job {job_id}: {path} does not exist; {START_HINT}",
+                ExitCode.RENDEZVOUS,
+            )
+    problem = file_problem(path)
+    if problem:
+        raise AgentError(problem, ExitCode.USAGE)
     return path
+
+
+def file_problem(path: Path, uid: int | None = None) -> str:
+    """Why a connection file found in the state dir must not be used ('' if it may): another
+    user's, or writable by others (it would send this user's secret proof elsewhere)."""
+    uid = os.getuid() if uid is None else uid
+    try:
+        st = os.stat(path)
+    except OSError:
+        return ""  # read() says what is wrong with a file that went away
+    if st.st_uid != uid:
+        return (
+            f"the connection file {path} belongs to uid {st.st_uid}, not to you (uid {uid}): "
+            "someone else may have planted it; remove it, or pass --serve FILE"
+        )
+    if st.st_mode & 0o022:
+        return (
+            f"the connection file {path} is writable by others (mode {st.st_mode & 0o7777:o}): "
+            "remove it and start the resident agents again, or pass --serve FILE"
+        )
+    return ""
 
 
 def files_in(directory: Path) -> list[Path]:
