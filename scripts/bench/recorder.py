@@ -131,7 +131,9 @@ def summarize(data: dict[str, Any]) -> tuple[Table, list[Target], dict[str, Any]
     for name, times in data["loops"].items():
         per = median(times)
         shown = f"{per * 1e6:.1f} µs" if per is not None else "n/a"
-        table.add(f"one small gloo all_reduce, 2 ranks, {name}", shown, spread(times), len(times))
+        low, high = (min(times) * 1e6, max(times) * 1e6) if times else (0.0, 0.0)
+        table.add(f"one small gloo all_reduce, 2 ranks, {name}", shown,
+                  f"{low:.0f}–{high:.0f} µs", len(times))  # fmt: skip
     took = median(data["collate"])
     table.add(f"collate {COLLATE_RANKS:,} ranks' recorders (node 0)", secs(took, 3),
               spread(data["collate"]), len(data["collate"]))  # fmt: skip

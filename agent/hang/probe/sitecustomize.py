@@ -16,12 +16,11 @@ never in the rank's children that inherit the environment.
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
-import socket
 import sys
-import threading
+
+# Everything else is imported where it is used: this module runs in every Python process that
+# inherits the ranks' PYTHONPATH (their children too), most of which start no probe.
 
 DIR_ENV = "AGENT_PROBE_DIR"  # the agent's private directory (its sockets)
 PID_ENV = "AGENT_PROBE_PID"  # the rank's own pid: its children do not start a probe
@@ -36,6 +35,10 @@ def socket_path(directory: str, pid: int) -> str:
 
 def start(directory: str) -> None:
     """Listen for the agent on this process's socket (a thread of its own)."""
+    import contextlib
+    import socket
+    import threading
+
     path = socket_path(directory, os.getpid())
     with contextlib.suppress(OSError):
         os.unlink(path)
@@ -50,7 +53,10 @@ def start(directory: str) -> None:
     threading.Thread(target=_serve, args=(listener,), name="agent-probe", daemon=True).start()
 
 
-def _serve(listener: socket.socket) -> None:
+def _serve(listener) -> None:  # a listening unix socket
+    import contextlib
+    import json
+
     while True:
         try:
             conn, _ = listener.accept()
@@ -75,6 +81,8 @@ def answer() -> dict:
 
 
 def _groups(dist) -> list[dict]:
+    import json
+
     c10d = dist.distributed_c10d
     dump = getattr(sys.modules["torch"]._C._distributed_c10d, "_dump_fr_trace_json", None)
     trace = json.loads(dump(True, False)) if dump is not None else {}
