@@ -4,15 +4,11 @@ its requests itself (torch's own client as the outsider, a real server)."""
 
 from __future__ import annotations
 
-from datetime import timedelta
-
 import pytest
-from torch.distributed import TCPStore
+from store_peers import node_scope, outsider, store_server
 
 from agent.hang.desk import StackDesk
 from agent.node.scope import Scope
-from agent.node.store import Endpoint, Store
-from agent.node.store_client import StoreClient
 from agent.node.trust import JobKeys
 
 KEYS = JobKeys.derive(b"desk-test", "job", "0")
@@ -21,18 +17,11 @@ RECHECK = 0.2  # how long an answering thread waits on one request before it loo
 
 @pytest.fixture()
 def server():
-    return TCPStore(
-        "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=30)
-    )
+    return store_server()
 
 
 def scope(server, index: int) -> Scope:
-    client = StoreClient.connect("127.0.0.1", server.port, 10)
-    return Scope(Store(client, Endpoint("127.0.0.1", server.port), "n/"), "r0/a0", index, KEYS)
-
-
-def outsider(server) -> TCPStore:
-    return TCPStore("127.0.0.1", server.port, is_master=False, timeout=timedelta(seconds=30))
+    return node_scope(server, index, KEYS)
 
 
 def desk(server, index: int, start: bool = True) -> StackDesk:

@@ -5,10 +5,9 @@ outsider's counter bump, deletion, garbage or replayed record never decides a ha
 from __future__ import annotations
 
 import time
-from datetime import timedelta
 
 import pytest
-from torch.distributed import TCPStore
+from store_peers import node_scope, outsider, store_server
 
 from agent.hang.desk import StackDesk
 from agent.hang.judge import HangJudge
@@ -24,8 +23,6 @@ from agent.hang.standing import (
 from agent.hang.watch import WAKE, HangWatch
 from agent.metrics.recorder import RunMetrics
 from agent.node.scope import Scope
-from agent.node.store import Endpoint, Store
-from agent.node.store_client import StoreClient
 from agent.node.trust import JobKeys
 from agent.plan.options import resolve
 from agent.run.coordinator import Coordinator
@@ -141,18 +138,11 @@ KEYS = JobKeys.derive(b"standing-test", "job", "0")
 
 @pytest.fixture()
 def server():
-    return TCPStore(
-        "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=30)
-    )
+    return store_server()
 
 
 def _scope(server, agent: int) -> Scope:
-    client = StoreClient.connect("127.0.0.1", server.port, 10)
-    return Scope(Store(client, Endpoint("127.0.0.1", server.port), "n/"), "r0/a0", agent, KEYS)
-
-
-def _outsider(server) -> TCPStore:
-    return TCPStore("127.0.0.1", server.port, is_master=False, timeout=timedelta(seconds=30))
+    return node_scope(server, agent, KEYS)
 
 
 def _coordinator(server, nodes=(0, 1)) -> Coordinator:
@@ -175,7 +165,7 @@ def _watch(server, agent: int, clock: Clock) -> HangWatch:
 
 
 def test_the_coordinator_keeps_the_newest_record_past_deletion_garbage_and_replay(server):
-    clock, evil = Clock(), _outsider(server)
+    clock, evil = Clock(), outsider(server)
     coordinator = _coordinator(server)
     side = coordinator.scope
     node1 = _watch(server, 1, clock)
@@ -197,7 +187,7 @@ def test_the_coordinator_keeps_the_newest_record_past_deletion_garbage_and_repla
 def test_counters_only_wake_the_coordinator(server):
     """An outsider's `add` on the wake counter makes node 0 read, never decide; a counter set
     back (add -1000) delays a read by SLOW_LOOK at most."""
-    clock, evil = Clock(), _outsider(server)
+    clock, evil = Clock(), outsider(server)
     coordinator = _coordinator(server)
     side = coordinator.scope
     nodes = [_watch(server, a, clock) for a in (0, 1)]

@@ -278,14 +278,10 @@ def test_pace_watch_posts_only_when_a_rank_stepped():
 def test_an_old_pace_record_written_back_names_no_straggler():
     """S1: the outsider (torch's client) writes node 1's old slow record back after node 1
     caught up, then garbage, then deletes it: no new episode, the newest record stands."""
-    from datetime import timedelta
+    from store_peers import outsider, store_server
 
-    from torch.distributed import TCPStore
-
-    server = TCPStore(
-        "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=30)
-    )
-    evil = TCPStore("127.0.0.1", server.port, is_master=False, timeout=timedelta(seconds=30))
+    server = store_server()
+    evil = outsider(server)
     watches, judge, clocks = _pace_pair(port=server.port)
     _step(clocks, 0, 0.2, 6, 0.0)
     _step(clocks, 1, 0.4, 6, 0.0)
