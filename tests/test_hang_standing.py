@@ -15,12 +15,11 @@ from agent.hang.standing import (
     Ended,
     RankEnd,
     Standing,
-    confirmed,
     skew_line,
     still_running,
     stillness,
 )
-from agent.hang.watch import WAKE, HangWatch
+from agent.hang.watch import RECHECK_DESK, WAKE, HangWatch
 from agent.metrics.recorder import RunMetrics
 from agent.node.scope import Scope
 from agent.node.trust import JobKeys
@@ -55,21 +54,19 @@ def _of(states: dict[int, str]) -> dict[int, Standing]:
     ],
 )
 def test_stillness_counts_exited_ranks_as_done(states, still, quiet):
-    got = stillness([0, 1] if len(states) < 3 else [0, 1, 2], _of(states))
+    got = stillness([0, 1] if len(states) < 3 else [0, 1, 2], _of(states), 100.0, 4.0)
     assert got.still is still and set(got.quiet) == quiet
 
 
 @pytest.mark.parametrize(
-    ("suspected", "now", "hung"),
+    ("now", "still"),
     [
-        ({1: 3}, {1: 4}, True),  # re-posted since
-        ({1: 3}, {1: 3}, False),  # the same record (or an old one written back)
-        ({0: 5, 1: 3}, {0: 6, 1: 3}, False),  # one node has not re-posted yet
-        ({0: 5, 1: 3}, {0: 6}, True),  # node 1's ranks ended meanwhile
+        (4.9, False),  # rank 0 ended at 1.0: the ranks that waited for it get T from then
+        (5.0, True),
     ],
 )
-def test_a_hang_is_confirmed_only_by_newer_quiet_records(suspected, now, hung):
-    assert confirmed(suspected, now) is hung
+def test_an_exit_is_progress_for_the_ranks_still_running(now, still):
+    assert stillness([0, 1], _of({0: DONE, 1: QUIET}), now, 4.0).still is still
 
 
 def test_the_exited_clause_groups_ranks_by_how_they_ended():
@@ -145,23 +142,36 @@ def _scope(server, agent: int) -> Scope:
     return node_scope(server, agent, KEYS)
 
 
-def _coordinator(server, nodes=(0, 1)) -> Coordinator:
+def _coordinator(server, clock: Clock | None = None, nodes=(0, 1)) -> Coordinator:
     scope = _scope(server, 0)
     coordinator = Coordinator(
         scope, nodes=nodes, options=resolve({}, {"hang_timeout": 4}), log_dir="/nonexistent",
         attempt=0, node_rank=0, host="h0", report=lambda record: record, metrics=RunMetrics(),
+        clock=clock or time.monotonic,
     )  # fmt: skip
     desk = StackDesk(scope, nodes, "h0", list)
     desk.start()
     coordinator.desk = desk
-    coordinator.hang = HangJudge(desk, timeout=4, log_dir="/nonexistent", attempt=0,
-                                 node_rank=0, host="h0")  # fmt: skip
+    coordinator.hang = HangJudge(desk, scope, timeout=4, log_dir="/nonexistent", attempt=0,
+                                 node_rank=0, host="h0", clock=coordinator.clock)  # fmt: skip
     return coordinator
 
 
-def _watch(server, agent: int, clock: Clock) -> HangWatch:
-    return HangWatch(_scope(server, agent), agent=agent, node_rank=agent, host=f"h{agent}",
-                     timeout=4, clock=clock)  # fmt: skip
+def _watch(
+    server, agent: int, clock: Clock, silence: list[float] | None = None, desk=None
+) -> HangWatch:
+    """A node's watch; with `silence` (seconds its live ranks have been quiet, as the test
+    sets it) it also answers node 0's recheck through its node's desk (`desk`: node 0's, the
+    coordinator's; else one of its own)."""
+    scope = _scope(server, agent)
+    watch = HangWatch(scope, agent=agent, node_rank=agent, host=f"h{agent}", timeout=4,
+                      clock=clock)  # fmt: skip
+    if silence is not None:
+        if desk is None:
+            desk = StackDesk(scope, (0, 1), f"h{agent}", list)
+            desk.start()
+        desk.relays[RECHECK_DESK] = lambda number, request: watch.recheck(silence[0])
+    return watch
 
 
 def test_the_coordinator_keeps_the_newest_record_past_deletion_garbage_and_replay(server):
@@ -206,23 +216,70 @@ def test_counters_only_wake_the_coordinator(server):
     coordinator.close()
 
 
-def test_a_hang_needs_fresh_quiet_records_from_every_running_node(server):
+def test_a_hang_is_called_on_every_running_node_answering_still(server):
     clock = Clock()
-    coordinator = _coordinator(server)
+    coordinator = _coordinator(server, clock)
     side = coordinator.scope
-    node0, node1 = (_watch(server, a, clock) for a in (0, 1))
+    node1 = _watch(server, 1, clock, [10.0])
+    node0 = _watch(server, 0, clock, [0.0], coordinator.desk)
     node0.started([0])
     node1.started([1])
-    node0.exited(0, 0, time.time())  # node 0's rank is done: not quiet, done
-    node1.tick(10.0)  # node 1 quiet (seq 2)
+    node0.exited(0, 0, time.time() - 10)  # node 0's rank is done: not quiet, done
+    node1.tick(10.0)  # node 1 quiet
     judge = coordinator.hang
-    assert judge.look(coordinator.read_standings(side, clock())) is None  # suspected
-    assert judge.look(coordinator.read_standings(side, clock())) is None  # no newer record
-    clock.now += 1.0  # QUIET_REPOST
-    node1.tick(11.0)  # re-posted (seq 3)
     record = judge.look(coordinator.read_standings(side, clock()))
-    assert record is not None and record["kind"] == "hang"
+    assert record is not None and record["kind"] == "hang" and judge.rechecks == 1
     assert record["how"].startswith("hang: no progress for 4 s from the 1 rank still running; ")
     assert "; rank 0 exited 0 at " in record["how"], record["how"]
     assert judge.look(coordinator.read_standings(side, clock())) is None  # once
+    coordinator.close()
+
+
+def test_a_replayed_quiet_record_makes_node_0_ask_never_decide(server):
+    """Node 1 spoke again but an outsider wrote its old quiet record back before node 0 read
+    it: node 0 asks, node 1 answers that it is active, no hang; node 0 asks again only after
+    RECHECK_AGAIN, and calls the hang once node 1 is really quiet."""
+    clock, silence, evil = Clock(), [10.0], outsider(server)
+    coordinator = _coordinator(server, clock)
+    side = coordinator.scope
+    node0 = _watch(server, 0, clock, [0.0], coordinator.desk)
+    node1 = _watch(server, 1, clock, silence)
+    node0.started([0])
+    node0.exited(0, 0, time.time() - 10)
+    node1.started([1])
+    key = side.key("standing/1")
+    node1.tick(10.0)  # quiet
+    quiet = evil.get(key)
+    silence[0] = 0.0
+    node1.tick(0.0)  # speaks again: a record node 0 never reads
+    evil.set(key, quiet)
+    judge = coordinator.hang
+    assert judge.look(coordinator.read_standings(side, clock())) is None
+    assert judge.rechecks == 1
+    evil.set(key, quiet)
+    evil.add(side.key(WAKE), 1)
+    assert judge.look(coordinator.read_standings(side, clock())) is None
+    assert judge.rechecks == 1  # not asked again so soon
+    clock.now += 1.0  # RECHECK_AGAIN
+    silence[0] = 10.0
+    record = judge.look(coordinator.read_standings(side, clock()))
+    assert record is not None and judge.rechecks == 2
+    coordinator.close()
+
+
+def test_a_node_that_does_not_answer_the_recheck_is_no_hang(server):
+    """Node 1's records say quiet but it never answers (its agent is wedged, or the records
+    are an outsider's): no hang is called on what was written before the question."""
+    clock = Clock()
+    coordinator = _coordinator(server, clock)
+    side = coordinator.scope
+    node0 = _watch(server, 0, clock, [0.0], coordinator.desk)
+    node1 = _watch(server, 1, clock)  # no desk: it cannot answer
+    node0.started([0])
+    node0.exited(0, 0, time.time() - 10)
+    node1.started([1])
+    node1.tick(10.0)
+    judge = coordinator.hang
+    assert judge.look(coordinator.read_standings(side, clock())) is None
+    assert judge.rechecks == 1 and not judge.fired
     coordinator.close()

@@ -1,11 +1,12 @@
 """--hang-timeout, node 0's part: the job hangs when every rank still running, on every node,
 has made no progress for T seconds (agent.hang.standing). Ranks that exited are done, not quiet.
 
-At the first look where the job is still it only suspects; it judges at a later look, once every
-quiet node has written a newer quiet record (they re-post every QUIET_REPOST s), so an old
-record written back cannot fake a hang. Then every node dumps its live ranks' stacks, they go to
-stacks-a<attempt>.txt, and the failure record names the ranks still running (the odd stack
-first) and those that had exited.
+When the records say the job is still, node 0 asks every node again (a request of the stacks
+desk, `RECHECK_DESK`): each measures its silence at that moment and answers its standing under
+that request's number. Only answers that all say still call a hang, so an old quiet record
+written back by an outsider can at most make node 0 ask (once per RECHECK_AGAIN s), never decide.
+Then every node dumps its live ranks' stacks, they go to stacks-a<attempt>.txt, and the failure
+record names the ranks still running (the odd stack first) and those that had exited.
 """
 
 from __future__ import annotations
@@ -13,48 +14,72 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from agent.hang.collectives import collective_view, render_view
 from agent.hang.desk import StackDesk
-from agent.hang.standing import Ended, Standing, Stillness, confirmed, stillness
+from agent.hang.standing import Ended, Standing, stillness
+from agent.hang.watch import RECHECK_DESK
+from agent.node.scope import Scope
 
 log = logging.getLogger("agent")
 STACKS_IN_RECORD = 32 << 10  # characters of the collated stacks kept in the failure record
+RECHECK_WAIT = 2.0  # seconds node 0 waits for every node's answer before it calls a hang
+RECHECK_AGAIN = 1.0  # seconds before it asks again when the answers said the job moves
 
 
 class HangJudge:
     def __init__(
         self,
         desk: StackDesk,
+        scope: Scope,  # node 0's connection for the recheck's answers (the coordinator's)
         *,
         timeout: float,
         log_dir: str,
         attempt: int,
         node_rank: int,
         host: str,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,  # the clock of the ranks' end times
     ) -> None:
         self.desk, self.timeout, self.log_dir, self.attempt = desk, timeout, log_dir, attempt
-        self.node_rank, self.host = node_rank, host
+        self.node_rank, self.host, self.scope, self.clock = node_rank, host, scope, clock
+        self.wall = wall
         self.fired = False
-        self._suspected: Mapping[int, int] | None = None
+        self.rechecks = 0  # questions asked: each one a still job by the records
+        self._again = float("-inf")
 
     def look(self, standings: Mapping[int, Standing]) -> dict[str, Any] | None:
         """A failure record when the job hangs (once); None otherwise."""
         if self.fired or self.timeout <= 0:
             return None
-        now: Stillness = stillness(self.desk.nodes, standings)
-        if not now.still:
-            self._suspected = None
+        if not stillness(self.desk.nodes, standings, self.wall(), self.timeout).still:
             return None
-        if self._suspected is None or not set(now.quiet) <= set(self._suspected):
-            self._suspected = now.quiet  # newly quiet nodes: confirm on their next records
+        now = self.clock()
+        if now < self._again:
             return None
-        if not confirmed(self._suspected, now.quiet):
+        answers = self.recheck()
+        if not stillness(self.desk.nodes, answers, self.wall(), self.timeout).still:
+            self._again = now + RECHECK_AGAIN
             return None
         self.fired = True
-        return self._hang([standings[a] for a in self.desk.nodes])
+        return self._hang([answers[a] for a in self.desk.nodes])
+
+    def recheck(self) -> dict[int, Standing]:
+        """Every node's standing now, each its answer to a request numbered after the records
+        that raised the question (a node that does not answer in time is left out: no hang)."""
+        self.rechecks += 1
+        number = self.desk.post({"desk": RECHECK_DESK})
+        names = {agent: self.desk.answer_name(number, agent) for agent in self.desk.nodes}
+        s = self.scope
+        s.store.wait([s.key(name) for name in names.values()], RECHECK_WAIT)
+        found: dict[int, Standing] = {}
+        for agent, name in names.items():
+            answer = Standing.from_json(s.get_if(name, "standing answer"))
+            if answer is not None and answer.agent == agent:
+                found[agent] = answer
+        return found
 
     def _hang(self, standings: Sequence[Standing]) -> dict[str, Any]:
         from agent.hang.collate import collate, headline, render

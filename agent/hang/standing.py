@@ -2,11 +2,11 @@
 and whether the live ones have all been quiet for --hang-timeout (pure).
 
 Each agent seals its standing under the attempt's `standing/<agent>` whenever it changes (its
-ranks started, one exited, its quiet state turned) and, while quiet, again every
-QUIET_REPOST seconds with a new sequence number. Node 0 reads them (agent.run.coordinator):
-a node whose ranks all exited is done, not quiet; the job hangs when no node is active and
-some node is quiet (`stillness`), and only once every quiet node has posted again since — an
-old quiet record written back by an outsider cannot advance its node's sequence number.
+ranks started, one exited, its quiet state turned), with a new sequence number. Node 0 reads
+them (agent.run.coordinator): a node whose ranks all exited is done, not quiet; the job looks
+still when no node is active and some node is quiet (`stillness`). That only makes node 0 ask:
+a hang is called on the standings every node gives in answer to that question
+(agent.hang.judge), never on records an outsider could have written back.
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ from typing import Any
 
 from agent.plan.rank_set import format_ranges
 
-QUIET_REPOST = 1.0  # seconds between a quiet node's records (what confirms a hang)
 MAX_RANKS = 4096  # ranks one node's record may name (more is not a node of ours)
 
 
@@ -98,23 +97,25 @@ class Stillness:
     quiet: Mapping[int, int]  # quiet node (agent) → its record's sequence number
 
 
-def stillness(nodes: Sequence[int], standings: Mapping[int, Standing]) -> Stillness:
-    """Whether the job looks hung now: no node still unheard of or active, and at least one
-    node with live ranks (quiet); all done is an attempt that is ending, not a hang."""
+def stillness(
+    nodes: Sequence[int], standings: Mapping[int, Standing], now: float, timeout: float
+) -> Stillness:
+    """Whether the job looks hung at wall time `now`: no node still unheard of or active, at
+    least one node with live ranks (quiet; all done is an attempt that is ending, not a hang),
+    and no rank ended in the last `timeout` seconds — an exit is the job's progress too: the
+    ranks that waited for it (in a collective, or on a rank paused in pdb) get T from then."""
     quiet: dict[int, int] = {}
+    last_end = float("-inf")
     for agent in nodes:
         found = standings.get(agent)
         if found is None or (found.live and not found.quiet):
             return Stillness(False, {})
         if found.live:
             quiet[agent] = found.seq
+        last_end = max([last_end, *(e.end for e in found.ended)])
+    if now - last_end < timeout:
+        return Stillness(False, {})
     return Stillness(bool(quiet), quiet)
-
-
-def confirmed(suspected: Mapping[int, int], now: Mapping[int, int]) -> bool:
-    """Whether every node quiet at the suspicion has written a newer quiet record since (or
-    ended): a genuinely quiet node re-posts, a replayed record cannot."""
-    return all(now.get(agent, seq + 1) > seq for agent, seq in suspected.items())
 
 
 @dataclass(frozen=True)

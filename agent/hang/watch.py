@@ -1,10 +1,12 @@
 """This node's share of the job's hang and exit judging: its standing (agent.hang.standing).
 
-The supervisor tells it when the node's ranks started and when each exits, and, once a tick,
+The supervisor tells it when the node's ranks started and when each exits, and, on its ticks,
 how long the live ones have been quiet. It seals a new standing under the attempt's
-`standing/<agent>` when something changed, and while the node is quiet every QUIET_REPOST
-seconds (node 0 confirms a hang only on fresh records), then bumps `standing-seq` — a counter
-that only wakes node 0's coordinator, who reads the sealed records and decides.
+`standing/<agent>` when something changed, then bumps `standing-seq` and sets the key named
+after the count — they only wake node 0's coordinator, who reads the sealed records and decides. Before node 0 calls a hang it
+asks every node again through the stacks desk (`RECHECK_DESK`): the node measures its silence
+at that moment and answers its standing under that request's number, which no record written
+earlier (an outsider's replay) can stand in for.
 Quiet means: every live rank silent for --hang-timeout, and no rank of this node paused in pdb
 (agent.pause) now or in the last --hang-timeout seconds. A node without --hang-timeout is never
 quiet; its standing still says which ranks ended (exit skew, a hang's root cause).
@@ -13,18 +15,27 @@ quiet; its standing still says which ranks ended (exit skew, a hang's root cause
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterable
+from typing import Any
 
-from agent.hang.standing import QUIET_REPOST, RankEnd, Standing
+from agent.hang.standing import RankEnd, Standing
 from agent.node.scope import Scope
 
 log = logging.getLogger("agent")
 WAKE = "standing-seq"  # the counter that wakes node 0's coordinator: never read as a decision
+RECHECK_DESK = "standing"  # the stacks desk's requests a node answers with its standing now
 
 
 def standing_name(agent: int) -> str:
     return f"standing/{agent}"
+
+
+def wake_name(count: int) -> str:
+    """The key a node sets after its bump took the counter to `count`: node 0's coordinator
+    blocks on the next one (a key can be waited on, a counter cannot)."""
+    return f"{WAKE}/{count}"
 
 
 class HangWatch:
@@ -45,22 +56,36 @@ class HangWatch:
         self._live: list[int] = []
         self._ended: list[RankEnd] = []
         self._seq = 0
-        self._posted_at = float("-inf")
         self._paused_at: float | None = None  # when a rank of this node was last seen paused
+        self._lock = threading.Lock()  # the supervisor ticks, the desk's thread rechecks
 
     def started(self, ranks: Iterable[int]) -> None:
-        self._live = sorted(ranks)
-        self._post()
+        with self._lock:
+            self._live = sorted(ranks)
+            self._post()
 
     def exited(self, rank: int, returncode: int, when: float) -> None:
-        if rank in self._live:
-            self._live.remove(rank)
-            self._ended.append(RankEnd(rank, returncode, when))
-            self.quiet = self.quiet and bool(self._live)
-            self._post()
+        with self._lock:
+            if rank in self._live:
+                self._live.remove(rank)
+                self._ended.append(RankEnd(rank, returncode, when))
+                self.quiet = self.quiet and bool(self._live)
+                self._post()
 
     def tick(self, quiet_for: float) -> None:
         """This node's live ranks have printed nothing for `quiet_for` seconds."""
+        with self._lock:
+            self._update(quiet_for)
+
+    def recheck(self, quiet_for: float | None) -> dict[str, Any]:
+        """Node 0 asks before it calls a hang: the standing as of `quiet_for` (measured now;
+        None: no live rank), posted too if it changed, as this node's answer."""
+        with self._lock:
+            if quiet_for is not None:
+                self._update(quiet_for)
+            return self.standing().to_json()
+
+    def _update(self, quiet_for: float) -> None:
         if self.timeout <= 0 or not self._live:
             return
         now = self.clock()
@@ -69,7 +94,7 @@ class HangWatch:
         if self._paused_at is not None:
             quiet_for = min(quiet_for, now - self._paused_at)
         quiet = quiet_for >= self.timeout
-        if quiet != self.quiet or (quiet and now - self._posted_at >= QUIET_REPOST):
+        if quiet != self.quiet:
             self.quiet = quiet
             self._post()
 
@@ -86,9 +111,9 @@ class HangWatch:
 
     def _post(self) -> None:
         self._seq += 1
-        self._posted_at = self.clock()
         try:
             self.scope.put(standing_name(self.agent), self.standing().to_json())
-            self.scope.store.add(self.scope.key(WAKE), 1)
+            count = self.scope.store.add(self.scope.key(WAKE), 1)
+            self.scope.store.set_bytes(self.scope.key(wake_name(count)), b"")
         except Exception as exc:  # a store in trouble is the watchers' to report, not ours
             log.debug("standing: %s", exc)

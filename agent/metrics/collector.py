@@ -134,7 +134,7 @@ def progress_families(
     until = current.ended if current.ended is not None else now
     since = GaugeMetricFamily(
         PREFIX + "node_seconds_since_progress",
-        "seconds since the node's last progress line (node 0 looks once a second)",
+        "seconds since the node's last progress line (node 0 looks every 0.25 s)",
         labels=["node"],
     )
     origin, progress, name = current.ranks_started, state.progress, since.name

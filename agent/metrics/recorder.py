@@ -3,7 +3,7 @@
 Writers are the run's own threads (the attempts and the supervisor's tick, one at a time, under
 a lock); a scrape thread reads `state`, one reference swapped whole, so it always sees one
 consistent state. Every other node keeps a recorder too (the hooks need not ask who they are
-on); nothing reads theirs. Cost per hook: O(1), except `paced` (O(nodes + ranks), once a second).
+on); nothing reads theirs. Cost per hook: O(1), except `paced` (O(nodes + ranks), every 0.25 s).
 """
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ class RunMetrics:
         stragglers: Sequence[Straggling],
         episodes: int,
     ) -> None:
-        """Node 0's look at every node's pace (once a second): per node rank its last progress
+        """Node 0's look at every node's pace (every 0.25 s): per node rank its last progress
         line (node 0's monotonic clock), every rank's median step time (`ranks`: the same per
         rank, only up to RANK_SERIES ranks), who straggles now."""
         if not self.exported:

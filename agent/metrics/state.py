@@ -1,7 +1,7 @@
 """The numbers node 0 exports about a run (pure): frozen values, each hook a new state.
 
 Times are node 0's monotonic seconds (durations between them are what is exported); the
-per-node progress times come from the pace records (agent.run.pace), one look a second.
+per-node progress times come from the pace records (agent.run.pace), one look every 0.25 s.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from agent.console.view import ConsoleView
 from agent.hang.desk import StackDesk
 from agent.hang.fallback import fallback_path, private_dir
 from agent.hang.recorder import forget
-from agent.hang.watch import HangWatch
+from agent.hang.watch import RECHECK_DESK, HangWatch
 from agent.metrics.recorder import RunMetrics
 from agent.node.events import AbortSeen, StoreLost
 from agent.node.scope import Scope
@@ -109,6 +109,8 @@ class NodeAttempt:
             slurm_signals_ranks=slurm_signals_ranks(self.environ),
             paused=pauses.paused_ranks,
         )
+        # node 0 asks before it calls a hang: this node's standing as of that moment
+        desk.relays[RECHECK_DESK] = lambda number, request: sup.hang.recheck(sup.quiet_for())
         if self.coordinator is not None:
             on_look = console.pace_seen if console.live is not None else None
             self.coordinator.begin(desk, pauses, on_look)

@@ -27,7 +27,7 @@ from typing import Any
 from agent.hang.desk import StackDesk
 from agent.hang.judge import HangJudge
 from agent.hang.standing import Standing, skew_line
-from agent.hang.watch import WAKE, standing_name
+from agent.hang.watch import WAKE, standing_name, wake_name
 from agent.metrics.recorder import RunMetrics
 from agent.node.scope import Scope
 from agent.node.sealed import tell_refused
@@ -37,7 +37,8 @@ from agent.plan.options import Options
 from agent.run.pace import PaceJudge
 
 log = logging.getLogger("agent")
-TICK = 0.5  # seconds between the coordinator's looks
+JUDGE_EVERY = 1.0  # seconds between the coordinator's looks when no node posted a standing
+RETRY = 0.5  # seconds before the next look after a store error
 SLOW_LOOK = 5.0  # seconds between reads of every standing when the wake counter is still
 
 
@@ -82,6 +83,8 @@ class Coordinator:
         self._full_at = float("-inf")
         self._seen: set[int] = set()
         self._over = False  # the attempt has a failure: nothing left to judge
+        self._judged_at = float("-inf")
+        self.reads = 0  # times every standing was read (a wake, or the slow look)
 
     @property
     def serving(self) -> bool:
@@ -99,6 +102,7 @@ class Coordinator:
         if options.hang_timeout > 0:
             self.hang = HangJudge(
                 desk,
+                self.side,
                 timeout=options.hang_timeout,
                 log_dir=self.log_dir,
                 attempt=self.attempt,
@@ -124,6 +128,10 @@ class Coordinator:
             return self.result
         self._stop.set()
         if self._thread is not None:
+            awaited = self._wake  # the thread blocks on the key after it, or stops before
+            if awaited is not None:
+                with contextlib.suppress(Exception):
+                    self.scope.store.set_bytes(self.scope.key(wake_name(awaited + 1)), b"")
             self._thread.join()
         if self.desk is not None:
             self.desk.end()
@@ -135,25 +143,46 @@ class Coordinator:
     def _serve(self) -> None:
         side = self.side
         try:
-            while not self._stop.wait(TICK):
+            while not self._stop.is_set():
                 try:
-                    self._tick(side)
+                    self._await(side)
+                    if not self._stop.is_set():
+                        self._tick(side)
                 except Exception as exc:  # a store in trouble is the watchers' to report
                     log.debug("coordinator: %s", exc)
+                    self._stop.wait(RETRY)
         finally:
             with contextlib.suppress(Exception):
                 side.store.close()
 
+    def _await(self, side: Scope) -> None:
+        """Blocks until a node posts a standing (the key of the counter's next value), the
+        pace judge's next look or JUDGE_EVERY. An outsider's bump makes the awaited key one
+        no node sets: that look waits for the timeout, a delay, never a decision."""
+        if self._wake is None:
+            return  # the first look: nothing read yet
+        wait = JUDGE_EVERY
+        if self.pace is not None:
+            wait = min(wait, self.pace.due - self.clock())
+        side.store.wait([side.key(wake_name(self._wake + 1))], max(wait, 0.001))
+
     def _tick(self, side: Scope) -> None:
+        """The standings when the counter moved (or every SLOW_LOOK s), the pace judge on its
+        own cadence, the failure key and the judges on news or every JUDGE_EVERY seconds."""
         now = self.clock()
+        reads = self.reads
         standings = self.read_standings(side, now)
+        fresh = self.reads != reads
         live = {rank for s in standings.values() for rank in s.live}
         known = len(standings) == len(self.nodes)
-        if known:
+        if known and fresh:
             self.metrics.ranks_left(self.attempt, len(live))
         if self.pace is not None:
             self.pace.tick(now, (lambda rank: rank in live) if known else (lambda rank: True))
-        if self._over or side.failure() is not None:
+        if self._over or (not fresh and now < self._judged_at + JUDGE_EVERY):
+            return
+        self._judged_at = now
+        if side.failure() is not None:
             self._over = True
             return
         self._exit_skew(standings)
@@ -180,6 +209,7 @@ class Coordinator:
         if wake == self._wake and (self.hang is None or now < self._full_at):
             return self.standings  # the slow look guards decisions (hangs) against a counter
         self._wake, self._full_at = wake, now + SLOW_LOOK  # set back; a warning only waits
+        self.reads += 1
         store = side.store
         names = {agent: side.key(standing_name(agent)) for agent in self.nodes}
         if len(self._seen) < len(self.nodes) or not store.exists_all(list(names.values())):

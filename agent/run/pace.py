@@ -1,12 +1,13 @@
 """Stragglers while an attempt runs: each agent posts its ranks' pace, node 0 compares them.
 
-Every PACE_EVERY seconds (on the supervisor's tick, while the node has ranks) each agent
+Every POST_EVERY seconds at most (on the supervisor's tick, while the node has ranks) each agent
 (`PaceWatch`) seals one record into the attempt's scope, `pace/<agent>`: its ranks' median step
 times (from the router's step clocks), only when some rank printed a progress line since the
 last one, with the age of its latest line and a sequence number. Node 0's coordinator
 (`PaceJudge`, agent.run.coordinator: from the lineup to the verdict, whatever node 0's own ranks
-do) reads one record per node once a second (O(nodes); per node the one with the highest
-sequence number seen, so an old record written back is no news), judges them (agent.run.stragglers) and
+do) reads one record per node once a second, or every POST_EVERY seconds when the metrics or
+the live table show progress ages (O(nodes); per node the one with the highest sequence number
+seen, so an old record written back is no news), judges them (agent.run.stragglers) and
 says on the console when a straggler starts and when it ends; the episodes go to summary.json.
 A rank that exited is no straggler (its pace still counts in the job's median): an episode
 lasts until its ranks keep pace or end. From the same records node 0 knows when each node last
@@ -39,7 +40,8 @@ from agent.run.stragglers import (
 )
 
 log = logging.getLogger("agent")
-PACE_EVERY = 1.0  # seconds between a node's pace records (and node 0's looks)
+POST_EVERY = 0.25  # seconds between a node's pace records, at least (none without news)
+LOOK_EVERY = 1.0  # seconds between node 0's looks when only stragglers are judged
 
 
 class PaceWatch:
@@ -64,11 +66,16 @@ class PaceWatch:
         now = time.monotonic() if now is None else now
         if now < self._next:
             return
-        self._next = now + PACE_EVERY
+        self._next = now + POST_EVERY
         try:
             self._post(now)
         except Exception as exc:  # a store in trouble is the watchers' to report, not ours
             log.debug("pace: %s", exc)
+
+    @property
+    def due(self) -> float:
+        """When (monotonic) the next record may go out: the supervisor wakes for it."""
+        return self._next
 
     def _post(self, now: float) -> None:
         ranks, lines, latest = [], [], None
@@ -95,7 +102,7 @@ class PaceWatch:
 
 
 class PaceJudge:
-    """Node 0's part: every node's pace, judged once a second from the lineup to the verdict."""
+    """Node 0's part: every node's pace, judged from the lineup to the verdict."""
 
     def __init__(
         self,
@@ -109,9 +116,11 @@ class PaceJudge:
     ) -> None:
         self.scope, self.agents, self.factor, self.attempt = scope, agents, factor, attempt
         self.metrics, self.on_look = metrics, on_look
-        self._next = 0.0
+        ages_shown = on_look is not None or (metrics is not None and metrics.exported)
+        self.every = POST_EVERY if ages_shown else LOOK_EVERY
         self._progress: dict[int, tuple[int, float]] = {}  # node rank → (seq, when)
         self.active: list[Straggler] = []
+        self.due = 0.0  # when (monotonic) its next look is
         self.episodes: list[dict[str, Any]] = []  # every straggler episode, in order
         self._open: dict[tuple[int, int | None], dict[str, Any]] = {}
         self._seen: set[int] = set()  # agents whose pace record exists
@@ -124,9 +133,9 @@ class PaceJudge:
     ) -> None:
         """`live`: whether a rank still runs (the nodes' standings): only those straggle."""
         now = time.monotonic() if now is None else now
-        if now < self._next:
+        if now < self.due:
             return
-        self._next = now + PACE_EVERY
+        self.due = now + self.every
         try:
             self._look(now, live)
         except Refused as exc:  # not ours: logged, never a decision

@@ -20,6 +20,7 @@ from agent.run.binding_check import BindingCheck
 from agent.run.summary import RankExit, failure_record, node_failure
 
 log = logging.getLogger("agent")
+IDLE_TICK = 1.0  # seconds between the supervisor's looks when nothing happens
 
 
 @dataclass
@@ -68,6 +69,7 @@ class Supervisor:
         self.grace = grace
         self.hang_warning = hang_warning
         self.outcome = Outcome(exits=[])
+        self.workers: list[w.Worker] = []
         self._deadline: float | None = None
         self._stragglers: list = []
         self._hung: set[int] = set()
@@ -97,7 +99,7 @@ class Supervisor:
 
     # -- events ---------------------------------------------------------------------------
     def _next_event(self):
-        timeout = 0.05 if self.bindings.pending(self.workers) else 1.0
+        timeout = 0.05 if self.bindings.pending(self.workers) else self._until_due()
         if self._deadline is not None:
             timeout = max(0.0, min(timeout, self._deadline - time.monotonic()))
         try:
@@ -206,12 +208,32 @@ class Supervisor:
         text = b"".join(worker.err.tail).decode("utf-8", "replace")
         return text.splitlines()[-20:]
 
+    def quiet_for(self) -> float | None:
+        """Seconds since a live rank of this node last made progress; None: none is live."""
+        live = [w for w in self.workers if w.returncode is None]
+        if not live:
+            return None
+        last = max(max(w.out.last_progress, w.err.last_progress) for w in live)
+        return time.monotonic() - last
+
+    def _until_due(self) -> float:
+        """Seconds to wait for an event: a second, or less when this node turns quiet sooner
+        (--hang-timeout) or its pace record is due (node 0 judges on both)."""
+        wait = IDLE_TICK
+        if self._deadline is not None:
+            return wait
+        quiet_for = self.quiet_for() if self.hang is not None else None
+        if quiet_for is not None and not self.hang.quiet and self.hang.timeout > 0:
+            wait = min(wait, self.hang.timeout - quiet_for + 0.01)
+        if self.pace is not None:
+            wait = min(wait, self.pace.due - time.monotonic())
+        return max(wait, 0.01)
+
     def _check_hangs(self) -> None:
         now = time.monotonic()
-        live = [w for w in self.workers if w.returncode is None]
-        if self.hang is not None and live and self._deadline is None:
-            last = max(max(w.out.last_progress, w.err.last_progress) for w in live)
-            self.hang.tick(now - last)  # node 0's coordinator judges (agent.run.coordinator)
+        quiet_for = self.quiet_for()
+        if self.hang is not None and quiet_for is not None and self._deadline is None:
+            self.hang.tick(quiet_for)  # node 0's coordinator judges (agent.run.coordinator)
         paused = self.paused()  # silent by choice: no --hang-warning for them
         for worker in self.workers:
             if worker.returncode is not None or worker.spec.rank in self._hung | set(paused):
