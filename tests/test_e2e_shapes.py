@@ -20,7 +20,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from cluster import REPO, base_env, wait_for
+from cluster import REPO, base_env, slurm_env, wait_for
 from prometheus_client.parser import text_string_to_metric_families
 from serving import Serving
 from terminal import Terminal, print_x_and_continue
@@ -182,6 +182,21 @@ def test_a_breakpoint_after_node_0s_ranks_exited_is_listed_and_continued(cluster
     print_x_and_continue(Terminal.debug(cluster, "--rank", "1"))
     assert cluster.wait(60) == [0, 0], cluster.dump()
     assert _said(cluster.log_dir, 1, "after 42")
+
+
+def test_node_0s_live_table_stays_up_and_says_where_the_job_still_runs(cluster_factory):
+    """Node 0 on a terminal (its live table), its rank done at once; node 1's rank runs 6 s
+    more: the table stays up until the verdict, its last line naming rank 1 and its host,
+    then saying that every rank exited (drawn after node 1's rank ended)."""
+    cluster = cluster_factory(2).start([SHAPES], nodes=[1], env={"ROLES": "done,late:6"})
+    env = {**base_env(cluster.tmp), **slurm_env(cluster.job, 2, 0, cluster.step)}
+    env.update({"ROLES": "done,late:6", "COLUMNS": "100", "LINES": "40", "TERM": "xterm"})
+    node0 = Terminal(["--log-dir", str(cluster.log_dir), SHAPES], env, cluster.tmp)
+    node0.expect("exited 0")  # rank 0's row, the table still drawn
+    node0.expect("job: 1 of 2 ranks still running: rank 1 on 127.0.0.2")
+    node0.expect("job: all 2 ranks exited")
+    assert node0.close() == 0
+    assert cluster.wait(60) == [0], cluster.dump()
 
 
 def test_pdb_reaches_a_rank_that_raised_after_the_others_returned(cluster_factory):

@@ -15,6 +15,7 @@ from agent.hang.standing import (
     Ended,
     RankEnd,
     Standing,
+    job_line,
     skew_line,
     still_running,
     stillness,
@@ -283,3 +284,26 @@ def test_a_node_that_does_not_answer_the_recheck_is_no_hang(server):
     assert judge.look(coordinator.read_standings(side, clock())) is None
     assert judge.rechecks == 1 and not judge.fired
     coordinator.close()
+
+
+@pytest.mark.parametrize(
+    ("standings", "line"),
+    [
+        ([], ""),
+        ([_standing(0, live=[0, 1]), _standing(1, live=[2, 3])], "job: all 4 ranks running"),
+        (
+            [_standing(0, ended=[RankEnd(0, 0, 1.0), RankEnd(1, 0, 1.0)]),
+             _standing(1, live=[2, 3])],
+            "job: 2 of 4 ranks still running: ranks 2-3 on h1",
+        ),
+        ([_standing(0, ended=[RankEnd(0, 0, 1.0)]), _standing(1, live=[1])],
+         "job: 1 of 2 ranks still running: rank 1 on h1"),
+        ([_standing(a, live=[a]) if a % 2 else _standing(a, ended=[RankEnd(a, 0, 1.0)])
+          for a in range(12)],
+         "job: 6 of 12 ranks still running: ranks 1,3,5,7,9,11 on h1, h11, h3, h5 and 2 more"),
+        ([_standing(0, ended=[RankEnd(0, 0, 1.0)]), _standing(1, ended=[RankEnd(1, 0, 2.0)])],
+         "job: all 2 ranks exited"),
+    ],
+)  # fmt: skip
+def test_the_live_tables_job_line(standings, line):
+    assert job_line(standings, sum(len(s.live) + len(s.ended) for s in standings)) == line

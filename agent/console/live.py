@@ -35,6 +35,9 @@ class LiveView:
         self._clocks: Callable[[], Mapping[int, StepClock]] | None = None
         self.job: JobPace | None = None  # node 0: set on each look at the job's pace
         self.paused: Callable[[], Collection[int]] = frozenset  # ranks stopped in pdb now
+        self.caption: Callable[[], str] = str  # node 0: the job's ranks still running
+        self._saved: list = []  # the log handlers' streams while the table is up
+        self._stopped = False
         self._live = Live(  # draws once already: every field the table reads is set above
             console=console, refresh_per_second=2, transient=False, get_renderable=self._table
         )
@@ -55,6 +58,9 @@ class LiveView:
         self._redirect_logging()
 
     def stop(self) -> None:
+        if self._stopped:
+            return
+        self._stopped = True
         self._live.refresh()
         self._live.stop()
         for handler, stream in self._saved:
@@ -77,7 +83,10 @@ class LiveView:
             )
 
     def _table(self) -> Table:
-        table = Table(box=None, pad_edge=False, header_style="bold")
+        caption = self.caption() or None
+        table = Table(
+            box=None, pad_edge=False, header_style="bold", caption=caption, caption_justify="left"
+        )
         columns = ["rank", "host", "state", "pid", "cpu %", "rss", "silent"]
         clocks = self._clocks() if self._clocks is not None else None
         if clocks is not None:

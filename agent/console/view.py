@@ -78,11 +78,21 @@ class ConsoleView:
         if self.live is not None:
             self.live.paused = paused
 
+    def show_job(self, line: Callable[[], str]) -> None:
+        """Node 0: the live table's last line says where the job's ranks still run."""
+        if self.live is not None:
+            self.live.caption = line
+
     def started(self, workers: Sequence) -> None:
         if self.live is not None:
             self.live.start(workers)
 
-    def close(self) -> None:
+    def close(self, keep_table: bool = False) -> None:
+        """This node's ranks are gone; `keep_table`: node 0's table stays up (`end_table`)."""
         self.router.close()
+        if not keep_table:
+            self.end_table()
+
+    def end_table(self) -> None:
         if self.live is not None:
             self.live.stop()

@@ -173,3 +173,23 @@ def skew_line(standings: Sequence[Standing], now: float, after: float, log_dir: 
         f"run{'' if len(running) > 1 else 's'} (--hang-warning): see where with "
         f"python -m agent stacks {log_dir}"
     )
+
+
+def job_line(standings: Sequence[Standing], world: int) -> str:
+    """Node 0's live table's last line: the job's ranks still running and where, so the table
+    still says something once node 0's own ranks have exited ("" before any node is heard)."""
+    running = still_running(standings)
+    if not standings:
+        return ""
+    if len(running) == world:
+        return f"job: all {world} ranks running"
+    if not running:
+        return f"job: all {world} ranks exited"
+    hosts = sorted({host for _, host in running})
+    shown = ", ".join(hosts[:4]) + (f" and {len(hosts) - 4} more" if len(hosts) > 4 else "")
+    where = f": {_noun(len(running))} {format_ranges(r for r, _ in running)} on {shown}"
+    return f"job: {len(running)} of {world} ranks still running{where}"
+
+
+def _noun(count: int) -> str:
+    return "rank" if count == 1 else "ranks"

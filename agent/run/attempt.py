@@ -114,6 +114,8 @@ class NodeAttempt:
         if self.coordinator is not None:
             on_look = console.pace_seen if console.live is not None else None
             self.coordinator.begin(desk, pauses, on_look)
+            console.show_job(self.coordinator.job_line)
+            self.coordinator.when_closed(console.end_table)
         scope.watch(
             seat.stop,
             lambda record: seat.events.put(AbortSeen(stage, record)),
@@ -164,7 +166,8 @@ class NodeAttempt:
         finally:
             pauses.close()  # this node's paused ranks are gone; node 0 still relays for others
             _forget_dumps(sup)
-            console.close()
+            # node 0's table stays up until the verdict (the coordinator's close ends it)
+            console.close(keep_table=self.coordinator is not None)
         outcome.warnings += console.router.losses()
         outcome.progressed = console.router.progressed()
         keep = tools.warm.pids() if tools.warm is not None else ()

@@ -26,7 +26,7 @@ from typing import Any
 
 from agent.hang.desk import StackDesk
 from agent.hang.judge import HangJudge
-from agent.hang.standing import Standing, skew_line
+from agent.hang.standing import Standing, job_line, skew_line
 from agent.hang.watch import WAKE, standing_name, wake_name
 from agent.metrics.recorder import RunMetrics
 from agent.node.scope import Scope
@@ -84,6 +84,7 @@ class Coordinator:
         self._seen: set[int] = set()
         self._over = False  # the attempt has a failure: nothing left to judge
         self._judged_at = float("-inf")
+        self._closers: list[Callable[[], None]] = []
         self.reads = 0  # times every standing was read (a wake, or the slow look)
 
     @property
@@ -121,6 +122,17 @@ class Coordinator:
         self._thread = threading.Thread(target=self._serve, name="coordinator", daemon=True)
         self._thread.start()
 
+    def when_closed(self, closer: Callable[[], None]) -> None:
+        """`closer` runs at `close` (node 0's live table stays up until the verdict)."""
+        self._closers.append(closer)
+
+    def job_line(self) -> str:
+        """The job's ranks still running, for node 0's live table (its render thread)."""
+        standings = list(self.standings.values())
+        if len(standings) < len(self.nodes):
+            return ""  # a node not heard from yet: no count to give
+        return job_line(standings, sum(len(s.live) + len(s.ended) for s in standings))
+
     def close(self) -> Coordination:
         """Every result is in: the judges stop, the desks' answering threads everywhere end
         (again: a no-op)."""
@@ -137,6 +149,9 @@ class Coordinator:
             self.desk.end()
         if self.pace is not None:
             self.result.stragglers = self.pace.close()
+        for closer in self._closers:
+            with contextlib.suppress(Exception):
+                closer()
         return self.result
 
     # -- the thread -----------------------------------------------------------------------
