@@ -154,6 +154,22 @@ def test_a_resident_run_on_warm_ranks_hangs_after_node_0s_ranks_exited(tmp_path)
         serving.kill()
 
 
+def test_run_attach_opens_a_rank_that_paused_after_node_0s_ranks_exited(tmp_path):
+    serving = Serving(tmp_path, 2).start().ready()
+    try:
+        env = {**serving.shell_env(), "ROLES": "done,pause:go"}
+        terminal = Terminal(["run", "--attach", SHAPES], env, tmp_path)
+        terminal.expect("logs in ", timeout=90)
+        log_dir = Path(terminal.expect("\n").split()[0])
+        wait_for(lambda: _gone(log_dir, 0), 90, "rank 0 to exit", 0.1)
+        (log_dir / "go").touch()
+        print_x_and_continue(terminal)  # the session opens in the run's own terminal
+        assert _said(log_dir, 1, "after 42")
+    finally:
+        serving.call("down", timeout=60)
+        serving.kill()
+
+
 def test_a_spare_seated_after_a_loss_is_judged_like_any_node(cluster_factory):
     args = ["--spares", "1", "--max-restarts", "1", "--heartbeat-timeout", "2", "--grace", "1"]
     cluster = cluster_factory(3).start(
