@@ -71,3 +71,25 @@ def test_without_the_recorder_the_stacks_stand_alone(cluster_factory):
     stacks = _stacks(cluster)
     assert stacks.returncode == 0 and "collectives (" not in stacks.stdout, stacks.stdout
     assert "all_reduce" in stacks.stdout
+
+
+def test_nccls_own_dumps_at_a_collective_timeout_name_who_waits_for_whom(cluster_factory):
+    """The ranks die as NCCL's watchdog ends them at its timeout (dump, then abort: simulated on
+    gloo with torch's own serializer, see the fixture): no --hang-timeout, no probe answers.
+    Node 0 reads the attempt's dumps at its verdict: the root cause (the first rank killed)
+    says which collective the others waited in, summary.json has the whole view."""
+    cluster = cluster_factory(2).start(["--nproc-per-node", "2", JOB, "--watchdog"])
+    wait_for(lambda: _ready(cluster, range(4)), 120, "every rank in its last collective", 0.2)
+    (cluster.log_dir / "quiet").touch()
+    (cluster.log_dir / "timeout").touch()
+    assert cluster.wait(90) == [1, 1], cluster.dump()
+    summary = cluster.summary()
+    how = summary["root_cause"]["how"]
+    assert (
+        "SIGABRT" in how
+        and "; NCCL's dumps: ranks 0-2 entered all_reduce #4 on default_pg"
+        " ([4] Float); rank 3 last entered #3 and waits in all_reduce #1 on group 1"
+        in how
+    ), how
+    (attempt,) = summary["attempts"]
+    assert attempt["collectives"][0].startswith("ranks 0-2 entered all_reduce #4"), attempt

@@ -130,6 +130,8 @@ class GroupState:
     def label(self) -> str:
         if self.desc and self.desc not in ("undefined", "default_pg") or self.name == "0":
             return self.desc or "default_pg"
+        if not self.ranks:  # a dump that does not list the members (gloo's)
+            return f"group {self.name}"
         return f"group {self.name} (ranks {','.join(map(str, self.ranks[:16]))})"
 
 

@@ -17,6 +17,7 @@ from typing import Any
 from agent.errors import ExitCode
 from agent.hang.desk import StackDesk
 from agent.hang.fallback import private_dir
+from agent.hang.nccl_dumps import dump_findings
 from agent.hang.recorder import with_probe
 from agent.metrics.recorder import RunMetrics
 from agent.node import stage as stages
@@ -36,7 +37,7 @@ from agent.run.roll_call import RollCall
 from agent.run.summary import build_summary, cause_line, job_record, render_report
 from agent.run.supervisor import Outcome
 from agent.run.tools import RunTools
-from agent.run.verdict import Verdict, guard_loop, judge
+from agent.run.verdict import Verdict, guard_loop, judge, with_collectives
 
 log = logging.getLogger("agent")
 
@@ -191,6 +192,15 @@ class Run:
         verdict, progressed, done = self._judge(
             scope, attempt, roster, options, _result(outcome), coordinator
         )
+        exits = {
+            e["rank"]: e["returncode"]
+            for e in verdict.record["ranks"]
+            if e["rank"] >= 0 and isinstance(e.get("returncode"), int)
+        }
+        view = dump_findings(prepared.plan.log_dir, attempt, exits)
+        if view:
+            log.error("NCCL's flight-recorder dumps: %s", "; ".join(view))
+            verdict = with_collectives(verdict, view)
         if options.progress_regex is not None and not options.restart_without_progress:
             before = [bool(a.get("progressed")) for a in history]
             verdict = guard_loop(verdict, [*before, progressed])

@@ -117,3 +117,17 @@ def _code(
     if any(e["state"] == "failed" for e in ranks) or cause is not None:
         return ExitCode.RANK_FAILED
     return ExitCode.OK
+
+
+def with_collectives(verdict: Verdict, lines: Sequence[str]) -> Verdict:
+    """The attempt's collectives from NCCL's own dumps (agent.hang.nccl_dumps) into its record;
+    a rank's failure as the root cause says the first finding too (the timed-out rank's
+    "Watchdog caught collective operation timeout" names one collective of one rank; the
+    dumps say who waited for whom)."""
+    if not lines:
+        return verdict
+    cause = dict(verdict.root_cause) if verdict.root_cause else None
+    if cause is not None and cause.get("kind") == "rank":
+        cause["how"] = f"{cause.get('how')}; NCCL's dumps: {lines[0]}"
+    record = {**verdict.record, "root_cause": cause, "collectives": list(lines)}
+    return replace(verdict, root_cause=cause, record=record)
