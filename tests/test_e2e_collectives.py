@@ -93,3 +93,29 @@ def test_nccls_own_dumps_at_a_collective_timeout_name_who_waits_for_whom(cluster
     ), how
     (attempt,) = summary["attempts"]
     assert attempt["collectives"][0].startswith("ranks 0-2 entered all_reduce #4"), attempt
+
+
+def test_a_deadlock_ends_as_a_hang_before_its_groups_own_timeout(cluster_factory):
+    """No --hang-timeout: the ranks' process groups time out after 20 s (set by the script);
+    near it (10 s) the agent calls the hang, so the job ends with the collation and every
+    stack instead of gloo's timeout error on some ranks."""
+    cluster = cluster_factory(2).start(["--nproc-per-node", "2", JOB],
+                                       env={"PG_TIMEOUT": "20"})  # fmt: skip
+    wait_for(lambda: _ready(cluster, range(4)), 120, "every rank in its last collective", 0.2)
+    (cluster.log_dir / "quiet").touch()
+    assert cluster.wait(90) == [1, 1], cluster.dump()
+    how = cluster.summary()["root_cause"]["how"]
+    assert how.startswith("hang: ranks 0-2 waited "), how
+    assert " s in all_reduce #4 on default_pg, near its 20 s timeout; " + BEHIND in how, how
+    assert BEHIND in (cluster.log_dir / "stacks-a0.txt").read_text()
+
+
+def test_ranks_silent_past_their_timeout_with_no_collective_pending_are_no_hang(cluster_factory):
+    """Every rank sleeps 9 s in its own code, silent, past its groups' 6 s timeout but with no
+    collective pending (the shape of compiling, evaluating, saving): not a hang."""
+    cluster = cluster_factory(2).start(["--nproc-per-node", "2", JOB, "--sleep", "9"],
+                                       env={"PG_TIMEOUT": "6"})  # fmt: skip
+    wait_for(lambda: _ready(cluster, range(4)), 120, "every rank asleep", 0.2)
+    (cluster.log_dir / "quiet").touch()
+    assert cluster.wait(90) == [0, 0], cluster.dump()
+    assert "hang" not in cluster.agents[0].stderr(), cluster.dump()

@@ -7,6 +7,11 @@ that request's number. Only answers that all say still call a hang, so an old qu
 written back by an outsider can at most make node 0 ask (once per RECHECK_AGAIN s), never decide.
 Then every node dumps its live ranks' stacks, they go to stacks-a<attempt>.txt, and the failure
 record names the ranks still running (the odd stack first) and those that had exited.
+
+By default (with the flight recorder; --hang-timeout or not): when a node's standing names ranks
+waiting in a collective near its process group's timeout (agent.hang.collective_watch), node 0
+asks every rank's stack and recorder and calls the hang if those fresh answers show a collective
+overdue (agent.hang.overdue) — before torch's own timeout ends some ranks with a bare error.
 """
 
 from __future__ import annotations
@@ -19,6 +24,8 @@ from typing import Any
 
 from agent.hang.collectives import collective_view, render_view
 from agent.hang.desk import StackDesk
+from agent.hang.overdue import clause, overdue
+from agent.hang.stacks import RankStack
 from agent.hang.standing import Ended, Standing, stillness
 from agent.hang.watch import RECHECK_DESK
 from agent.node.scope import Scope
@@ -27,6 +34,7 @@ log = logging.getLogger("agent")
 STACKS_IN_RECORD = 32 << 10  # characters of the collated stacks kept in the failure record
 RECHECK_WAIT = 2.0  # seconds node 0 waits for every node's answer before it calls a hang
 RECHECK_AGAIN = 1.0  # seconds before it asks again when the answers said the job moves
+OVERDUE_AGAIN = 10.0  # seconds before stacks are asked again when no collective was overdue
 
 
 class HangJudge:
@@ -49,10 +57,18 @@ class HangJudge:
         self.fired = False
         self.rechecks = 0  # questions asked: each one a still job by the records
         self._again = float("-inf")
+        self.overdue_asks = 0  # stack captures asked because a node found a rank overdue
+        self._overdue_again = float("-inf")
 
     def look(self, standings: Mapping[int, Standing]) -> dict[str, Any] | None:
         """A failure record when the job hangs (once); None otherwise."""
-        if self.fired or self.timeout <= 0:
+        if self.fired:
+            return None
+        return self._still(standings) or self._overdue(standings)
+
+    def _still(self, standings: Mapping[int, Standing]) -> dict[str, Any] | None:
+        """--hang-timeout: every rank still running silent for T."""
+        if self.timeout <= 0:
             return None
         if not stillness(self.desk.nodes, standings, self.wall(), self.timeout).still:
             return None
@@ -64,7 +80,38 @@ class HangJudge:
             self._again = now + RECHECK_AGAIN
             return None
         self.fired = True
-        return self._hang([answers[a] for a in self.desk.nodes])
+        ranks = [answers[a] for a in self.desk.nodes]
+        running = sum(len(s.live) for s in ranks)
+        log.error(
+            "no progress for %g s from the %d rank(s) still running: capturing their stacks",
+            self.timeout,
+            running,
+        )
+        noun = "rank" if running == 1 else "ranks"
+        how = f"hang: no progress for {self.timeout:g} s from the {running} {noun} still running"
+        return self._hang(how, self.desk.ask(native=False), ranks)
+
+    def _overdue(self, standings: Mapping[int, Standing]) -> dict[str, Any] | None:
+        """By default: a node found ranks waiting in a collective near its group's timeout
+        (agent.hang.overdue). Node 0 asks every rank's stack and recorder afresh and calls the
+        hang only on what those answers say (a node's stale or replayed word only asks)."""
+        if not any(s.overdue for s in standings.values()):
+            return None
+        now = self.clock()
+        if now < self._overdue_again:
+            return None
+        self.overdue_asks += 1
+        stacks = self.desk.ask(native=False)
+        recorders = {s.rank: s.recorder for s in stacks if s.rank >= 0 and s.recorder}
+        wall = self.wall()
+        found = overdue(recorders, wall)
+        if not found:
+            self._overdue_again = now + OVERDUE_AGAIN
+            return None
+        self.fired = True
+        how = f"hang: {clause(found, wall)}"
+        log.error("%s: the job ends with every stack before torch's own timeout", how)
+        return self._hang(how, stacks, [standings[a] for a in self.desk.nodes if a in standings])
 
     def recheck(self) -> dict[int, Standing]:
         """Every node's standing now, each its answer to a request numbered after the records
@@ -81,16 +128,13 @@ class HangJudge:
                 found[agent] = answer
         return found
 
-    def _hang(self, standings: Sequence[Standing]) -> dict[str, Any]:
+    def _hang(
+        self, how: str, stacks: Sequence[RankStack], standings: Sequence[Standing]
+    ) -> dict[str, Any]:
+        """The failure record: `how`, the collectives' first finding, the stacks' headline,
+        the ranks that had exited; every stack to stacks-a<attempt>.txt."""
         from agent.hang.collate import collate, headline, render
 
-        running = sum(len(s.live) for s in standings)
-        log.error(
-            "no progress for %g s from the %d rank(s) still running: capturing their stacks",
-            self.timeout,
-            running,
-        )
-        stacks = self.desk.ask(native=False)
         groups = collate(stacks)
         ended = Ended.of(standings)
         view = collective_view(stacks, groups, {e.rank: e.returncode for e in ended.ranks})
@@ -102,8 +146,6 @@ class HangJudge:
         except OSError as exc:
             log.error("cannot write %s: %s", path, exc.strerror or exc)
             path = ""
-        noun = "rank" if running == 1 else "ranks"
-        how = f"hang: no progress for {self.timeout:g} s from the {running} {noun} still running"
         parts = [how, *view[:1], headline(groups), ended.clause()]
         record = {
             "kind": "hang",

@@ -134,6 +134,8 @@ def _entry(entry: Mapping[str, Any]) -> dict[str, Any]:
         "op": str(entry.get("profiling_name", "")).rpartition(":")[2],
         "sizes": entry.get("input_sizes"),
         "dtypes": entry.get("input_dtypes"),
+        "timeout_ms": entry.get("timeout_ms"),
+        "created_ns": entry.get("time_created_ns"),
     }
 
 

@@ -101,6 +101,8 @@ class Collective:
     seq: int
     op: str  # all_reduce, broadcast, ...
     shape: str  # "[4096, 1024] Float" ("" when the recorder did not say)
+    created: float | None = None  # wall time the rank entered it (torch's time_created_ns)
+    timeout: float | None = None  # seconds: its process group's timeout (torch's timeout_ms)
 
 
 @dataclass(frozen=True)
@@ -121,7 +123,16 @@ class GroupState:
             "ranks": list(self.ranks),
             "entered": self.entered,
             "completed": self.completed,
-            "last": [{"seq": c.seq, "op": c.op, "shape": c.shape} for c in self.last],
+            "last": [
+                {
+                    "seq": c.seq,
+                    "op": c.op,
+                    "shape": c.shape,
+                    "created": c.created,
+                    "timeout": c.timeout,
+                }
+                for c in self.last
+            ],  # fmt: skip
         }
 
     def at(self, seq: int) -> Collective | None:
@@ -199,7 +210,22 @@ def _collective(data: object) -> Collective | None:
         shape = ", ".join(str(s) for s in sizes[:4])[:80]
         if isinstance(dtypes, list) and dtypes:
             shape += " " + ",".join(sorted({str(d) for d in dtypes[:4]}))[:40]
-    return Collective(int(data["seq"]), str(data.get("op", ""))[:40], shape)
+    created, timeout = data.get("created"), data.get("timeout")
+    if _number(data.get("created_ns")):  # the probe's and a dump's: torch's own units
+        created = data["created_ns"] / 1e9
+    if _number(data.get("timeout_ms")):
+        timeout = data["timeout_ms"] / 1000
+    return Collective(
+        int(data["seq"]),
+        str(data.get("op", ""))[:40],
+        shape,
+        float(created) if _number(created) else None,
+        float(timeout) if _number(timeout) and timeout > 0 else None,  # type: ignore[operator]
+    )
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _int(value: object) -> bool:

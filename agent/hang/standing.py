@@ -37,6 +37,7 @@ class Standing:
     live: tuple[int, ...]  # ranks still running
     ended: tuple[RankEnd, ...]
     quiet: bool  # every live rank silent for --hang-timeout (never while one is paused)
+    overdue: tuple[int, ...] = ()  # ranks found waiting in a collective near its timeout
 
     @property
     def done(self) -> bool:
@@ -51,6 +52,7 @@ class Standing:
             "live": list(self.live),
             "ended": [[e.rank, e.returncode, round(e.end, 3)] for e in self.ended],
             "quiet": self.quiet,
+            "overdue": list(self.overdue),
         }
 
     @classmethod
@@ -82,7 +84,12 @@ class Standing:
             tuple(live),
             tuple(ends),
             data.get("quiet") is True,
+            tuple(r for r in _list(data.get("overdue"))[:MAX_RANKS] if _int(r)),
         )
+
+
+def _list(value: object) -> list:
+    return value if isinstance(value, list) else []
 
 
 def _int(value: object) -> bool:

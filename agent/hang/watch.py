@@ -57,6 +57,7 @@ class HangWatch:
         self._ended: list[RankEnd] = []
         self._seq = 0
         self._paused_at: float | None = None  # when a rank of this node was last seen paused
+        self._overdue: tuple[int, ...] = ()
         self._lock = threading.Lock()  # the supervisor ticks, the desk's thread rechecks
 
     def started(self, ranks: Iterable[int]) -> None:
@@ -70,6 +71,13 @@ class HangWatch:
                 self._live.remove(rank)
                 self._ended.append(RankEnd(rank, returncode, when))
                 self.quiet = self.quiet and bool(self._live)
+                self._post()
+
+    def overdue(self, ranks: tuple[int, ...]) -> None:
+        """Ranks of this node wait in a collective near its timeout (agent.hang.collective_watch)."""
+        with self._lock:
+            if ranks != self._overdue:
+                self._overdue = ranks
                 self._post()
 
     def tick(self, quiet_for: float) -> None:
@@ -107,6 +115,7 @@ class HangWatch:
             tuple(self._live),
             tuple(self._ended),
             self.quiet,
+            tuple(r for r in self._overdue if r in self._live),
         )
 
     def _post(self) -> None:

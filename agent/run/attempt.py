@@ -11,6 +11,7 @@ import os
 from collections.abc import Mapping
 
 from agent.console.view import ConsoleView
+from agent.hang.collective_watch import CollectiveWatch
 from agent.hang.desk import StackDesk
 from agent.hang.fallback import fallback_path, private_dir
 from agent.hang.recorder import forget
@@ -111,6 +112,12 @@ class NodeAttempt:
         )
         # node 0 asks before it calls a hang: this node's standing as of that moment
         desk.relays[RECHECK_DESK] = lambda number, request: sup.hang.recheck(sup.quiet_for())
+        probes = private_dir() if plan.options.flight_recorder else None
+        collectives = (
+            CollectiveWatch(probes, lambda: _live(sup), sup.silent_for, sup.hang.overdue)
+            if probes
+            else None
+        )
         if self.coordinator is not None:
             on_look = console.pace_seen if console.live is not None else None
             self.coordinator.begin(desk, pauses, on_look)
@@ -160,10 +167,14 @@ class NodeAttempt:
             self.metrics.ranks_started(attempt, plan.world_size)
             return started
 
+        if collectives is not None:
+            collectives.start()
         try:
             with seat.signals.queued():
                 outcome = sup.run(start)
         finally:
+            if collectives is not None:
+                collectives.stop()
             pauses.close()  # this node's paused ranks are gone; node 0 still relays for others
             _forget_dumps(sup)
             # node 0's table stays up until the verdict (the coordinator's close ends it)

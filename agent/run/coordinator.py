@@ -8,8 +8,9 @@ its own from the moment node 0's desks are up until the verdict is out, whatever
 ranks do: they are one member's ranks like any other node's.
 
 Every node's standing (agent.hang.standing) is read from the sealed records, on a wake of the
-`standing-seq` counter or, with --hang-timeout (a decision rides on them), every SLOW_LOOK
-seconds whatever the counter says; for each node the record with the highest
+`standing-seq` counter or, whatever the counter says, every SLOW_LOOK seconds with
+--hang-timeout (a decision rides on them) and every SLOWER_LOOK seconds without (the overdue
+collectives' judge: an outsider who holds the counter still delays it, never decides); for each node the record with the highest
 sequence number is kept, so a record deleted, garbled or written back by an outsider is never
 newer knowledge than what was seen.
 """
@@ -40,6 +41,7 @@ log = logging.getLogger("agent")
 JUDGE_EVERY = 1.0  # seconds between the coordinator's looks when no node posted a standing
 RETRY = 0.5  # seconds before the next look after a store error
 SLOW_LOOK = 5.0  # seconds between reads of every standing when the wake counter is still
+SLOWER_LOOK = 30.0  # the same without --hang-timeout (only overdue collectives are judged)
 
 
 @dataclass
@@ -100,7 +102,7 @@ class Coordinator:
         # A connection of its own (node 0's main one blocks in the wait for every result),
         # made by the thread's first query: not on the way to the ranks' start.
         self.side = self.scope.on(self.scope.store.another_client(lazy=True))
-        if options.hang_timeout > 0:
+        if options.hang_timeout > 0 or options.flight_recorder:  # overdue collectives
             self.hang = HangJudge(
                 desk,
                 self.side,
@@ -223,7 +225,8 @@ class Coordinator:
         wake = side.store.add(side.key(WAKE), 0)
         if wake == self._wake and (self.hang is None or now < self._full_at):
             return self.standings  # the slow look guards decisions (hangs) against a counter
-        self._wake, self._full_at = wake, now + SLOW_LOOK  # set back; a warning only waits
+        slow = SLOW_LOOK if self.options.hang_timeout > 0 else SLOWER_LOOK
+        self._wake, self._full_at = wake, now + slow  # set back; a warning only waits
         self.reads += 1
         store = side.store
         names = {agent: side.key(standing_name(agent)) for agent in self.nodes}

@@ -216,6 +216,14 @@ class Supervisor:
         last = max(max(w.out.last_progress, w.err.last_progress) for w in live)
         return time.monotonic() - last
 
+    def silent_for(self, rank: int) -> float:
+        """Seconds since this node's `rank` last made progress (0 for a rank not here)."""
+        for worker in self.workers:
+            if worker.spec.rank == rank:
+                last = max(worker.out.last_progress, worker.err.last_progress)
+                return time.monotonic() - last
+        return 0.0
+
     def _until_due(self) -> float:
         """Seconds to wait for an event: a second, or less when this node turns quiet sooner
         (--hang-timeout) or its pace record is due (node 0 judges on both)."""

@@ -114,6 +114,7 @@ def _groups(dist) -> list[dict]:
                         "dtypes": e.get("input_dtypes"),
                         "state": e.get("state"),
                         "timeout_ms": e.get("timeout_ms"),
+                        "created_ns": e.get("time_created_ns"),
                     }
                     for e in mine[-TAIL:]
                 ],
