@@ -239,3 +239,36 @@ def test_slurm_commands_run_as_written_in_an_salloc(slurm, tmp_path):
         assert seen, f"{command}\n{out}"
         assert int(seen.group(2)) == code, f"{command}\n{out}"
         assert re.search(says, seen.group(1)), f"{command}\n{out}"
+
+
+def _agent_words(command: str) -> tuple[str, list[str]] | None:
+    """A `python -m agent` command line → (its subcommand, "" for the main one; the options it
+    names before the script or `--`), None for any other program."""
+    words = command.split("#", 1)[0].split()  # the docs' own comments end a line
+    if "agent" not in words or words[words.index("agent") - 1] != "-m":
+        return None
+    words = words[words.index("agent") + 1 :]
+    from agent.__main__ import SUBCOMMANDS
+
+    sub = words.pop(0) if words and words[0] in SUBCOMMANDS else ""
+    named = []
+    for word in words:
+        if word == "--" or word.endswith(".py") or word == "...":
+            break
+        named += re.findall(r"^\[?(--[a-z][a-z0-9-]*)", word)
+    return sub, named
+
+
+def test_every_option_a_command_line_names_exists():
+    """Lines not run (synopses among them) still name only options the agent has: each is in
+    its subcommand's --help."""
+    helps: dict[str, str] = {}
+    for line in command_lines():
+        if (parsed := _agent_words(line.text)) is None:
+            continue
+        sub, named = parsed
+        if sub not in helps:
+            argv = [sys.executable, "-m", "agent", *([sub] if sub else []), "--help"]
+            helps[sub] = subprocess.run(argv, capture_output=True, text=True, timeout=60).stdout
+        for option in named:
+            assert re.search(rf"{option}\b", helps[sub]), (line.page, line.text, option)
