@@ -11,6 +11,7 @@ import sys
 from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
+import docs_pages
 import pytest
 
 from agent.errors import AgentError
@@ -334,9 +335,9 @@ def test_requeue_options_build_the_spec():
 
 
 def readme_bootstrap_commands() -> list[str]:
-    """Every `python -m bootstrap` command the README shows with a script: in its command
-    blocks (continuation lines joined) and in its inline code."""
-    text = (REPO / "README.md").read_text()
+    """Every `python -m bootstrap` command the docs (README.md, docs/*.md) show with a script:
+    in their command blocks (continuation lines joined) and in their inline code."""
+    text = docs_pages.text()
     found = []
     for block in re.findall(r"```[^\n]*\n(.*?)```", text, re.S):
         for line in block.replace("\\\n", " ").splitlines():

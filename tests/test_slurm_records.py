@@ -17,8 +17,9 @@ import termios
 import time
 from pathlib import Path
 
+import docs_pages
 import pytest
-from cluster import FIXTURE, REPO, wait_for
+from cluster import FIXTURE, wait_for
 from slurm_local import slurm_env
 
 from agent.history.liveness import KILLED_WORDS
@@ -87,8 +88,8 @@ class SallocShell:
 
 
 def readme_srun() -> str:
-    """The README's interactive srun line, up to `python -m agent`."""
-    text = (REPO / "README.md").read_text()
+    """The docs' interactive srun line (the README's salloc recipe), up to `python -m agent`."""
+    text = docs_pages.text()
     (line,) = re.findall(r"^salloc -N\d.*\n(srun .*?) python -m agent train\.py ", text, re.M)
     return line
 
