@@ -13,7 +13,7 @@ class ExitCode(enum.IntEnum):
     USAGE = 2  # bad option, config, scheduler env, script, log dir: nothing was started
     RENDEZVOUS = 3  # a node never arrived, or the store / a peer agent was lost
     REFUSED = 4  # the agents hold different secrets, or store data that does not open with the key
-    NO_PROGRESS = 5  # --max-restarts: two attempts in a row failed before any progress line
+    NO_PROGRESS = 5  # a restart called off: the same failure twice, or no progress twice
     # 128 + N: an agent received signal N (SIGINT 130, SIGTERM 143); the job stopped with it
 
 

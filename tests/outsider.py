@@ -160,7 +160,7 @@ SHAPES = {
         ),
         _shape(
             "hang",
-            "--nproc-per-node 1 --hang-timeout 3",
+            "--nproc-per-node 1 --hang-timeout 3 --max-infra-restarts 0",
             "--on 99 --others-wait",
             ((1, 1), "hang", None, 1),
         ),

@@ -37,7 +37,9 @@ def _stacks(cluster) -> subprocess.CompletedProcess:
 
 @pytest.mark.parametrize("cold", [False, True], ids=["warm-capable", "cold"])
 def test_a_deadlock_by_order_is_named_by_the_recorders(cluster_factory, cold):
-    args = ["--nproc-per-node", "2", "--hang-timeout", "8", *(["--cold"] if cold else []), JOB]
+    # one hang: a hang is an infrastructure failure (agent.run.failure_class)
+    args = ["--nproc-per-node", "2", "--hang-timeout", "8", "--max-infra-restarts", "0"]
+    args += [*(["--cold"] if cold else []), JOB]
     cluster = cluster_factory(2).start(args)
     wait_for(lambda: _ready(cluster, range(4)), 120, "every rank in its last collective", 0.2)
     stacks = _stacks(cluster)
@@ -53,8 +55,8 @@ def test_a_deadlock_by_order_is_named_by_the_recorders(cluster_factory, cold):
 
 
 def test_an_uneven_loop_names_the_rank_behind_and_where_it_is(cluster_factory):
-    cluster = cluster_factory(2).start(["--nproc-per-node", "2", "--hang-timeout", "5", JOB,
-                                        "--uneven"])  # fmt: skip
+    args = ["--nproc-per-node", "2", "--hang-timeout", "5", "--max-infra-restarts", "0"]
+    cluster = cluster_factory(2).start([*args, JOB, "--uneven"])
     wait_for(lambda: _ready(cluster, range(4)), 120, "ranks 0-2 in their last collective", 0.2)
     (cluster.log_dir / "quiet").touch()
     assert cluster.wait(90) == [1, 1], cluster.dump()
@@ -99,7 +101,7 @@ def test_a_deadlock_ends_as_a_hang_before_its_groups_own_timeout(cluster_factory
     """No --hang-timeout: the ranks' process groups time out after 20 s (set by the script);
     near it (10 s) the agent calls the hang, so the job ends with the collation and every
     stack instead of gloo's timeout error on some ranks."""
-    cluster = cluster_factory(2).start(["--nproc-per-node", "2", JOB],
+    cluster = cluster_factory(2).start(["--nproc-per-node", "2", "--max-infra-restarts", "0", JOB],
                                        env={"PG_TIMEOUT": "20"})  # fmt: skip
     wait_for(lambda: _ready(cluster, range(4)), 120, "every rank in its last collective", 0.2)
     (cluster.log_dir / "quiet").touch()

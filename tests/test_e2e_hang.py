@@ -54,7 +54,8 @@ def test_stacks_of_a_live_job_grouped_odd_one_first(cluster_factory):
 def test_hang_timeout_names_the_lone_rank_and_leaves_nothing(cluster_factory):
     # 8 s: the clock runs from the ranks' start, and 4 ranks importing torch on 2 busy cores
     # can be silent for 5 s (a hang called in the imports, rightly, for that T)
-    cluster = cluster_factory(2).start(["--nproc-per-node", "2", "--hang-timeout", "8", STUCK])
+    args = ["--nproc-per-node", "2", "--hang-timeout", "8", "--max-infra-restarts", "0"]
+    cluster = cluster_factory(2).start([*args, STUCK])
     wait_for(lambda: _started(cluster), 90, "every rank to reach its loop", interval=0.2)
     last_output = time.monotonic()
     codes = cluster.wait(60)
@@ -87,6 +88,7 @@ def test_output_that_is_not_progress_is_still_a_hang(cluster_factory):
     # 8 s: the clock runs from the ranks' start, and 4 ranks importing torch on 2 busy cores
     # can take 4 s before the lone rank prints its first tick
     args = ["--nproc-per-node", "2", "--hang-timeout", "8", "--progress-regex", r"iter \d+"]
+    args += ["--max-infra-restarts", "0"]  # one hang: a hang is an infrastructure failure
     cluster = cluster_factory(2).start([*args, STUCK, "--tick"])
     assert cluster.wait(90) == [1, 1], cluster.dump()
     assert "tick" in cluster.rank_file(3).read_text(), "the lone rank kept printing"
@@ -96,13 +98,15 @@ def test_output_that_is_not_progress_is_still_a_hang(cluster_factory):
 
 
 def test_a_hang_restarts_the_world_then_fails_as_a_hang(cluster_factory):
-    args = ["--nproc-per-node", "2", "--hang-timeout", "4", "--max-restarts", "1"]
+    # a hang is an infrastructure failure: it spends --max-infra-restarts (agent.run.failure_class)
+    args = ["--nproc-per-node", "2", "--hang-timeout", "4", "--max-infra-restarts", "1"]
     cluster = cluster_factory(2).start([*args, STUCK])
     assert cluster.wait(120) == [1, 1], cluster.dump()
     summary = cluster.summary()
     assert len(summary["attempts"]) == 2, json.dumps(summary)[:2000]
     assert summary["root_cause"]["how"].startswith("hang: no progress for 4 s")
     assert (cluster.log_dir / "stacks-a1.txt").exists()
+    assert [a["failure"]["class"] for a in summary["attempts"]] == ["infrastructure"] * 2
 
 
 def test_a_catastrophic_progress_regex_neither_wedges_the_output_nor_the_signals(cluster_factory):

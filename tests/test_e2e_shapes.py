@@ -31,6 +31,8 @@ pytestmark = pytest.mark.e2e
 
 SHAPES = str(REPO / "tests" / "fixtures" / "shapes_job.py")
 HANG = 4.0
+# A hang is an infrastructure failure (agent.run.failure_class): these tests judge one hang.
+ONE_HANG = ("--max-infra-restarts", "0")
 
 
 def _roles(roles: str, world: int) -> list[str]:
@@ -107,7 +109,7 @@ def test_stacks_then_a_hang_from_the_ranks_still_running(
     cluster_factory, nodes, nproc, roles, running, exited
 ):
     cluster = cluster_factory(nodes).start(
-        ["--nproc-per-node", str(nproc), "--hang-timeout", f"{HANG:g}", SHAPES],
+        ["--nproc-per-node", str(nproc), "--hang-timeout", f"{HANG:g}", *ONE_HANG, SHAPES],
         env={"ROLES": roles},
     )
     named = _roles(roles, nodes * nproc)
@@ -128,7 +130,7 @@ def test_a_resident_run_on_warm_ranks_hangs_after_node_0s_ranks_exited(tmp_path)
     serving = Serving(tmp_path, 2).start().ready()
     try:
         client = serving.client(
-            "run", "--nproc-per-node", "2", "--hang-timeout", f"{HANG:g}", SHAPES,
+            "run", "--nproc-per-node", "2", "--hang-timeout", f"{HANG:g}", *ONE_HANG, SHAPES,
             env={"ROLES": "done,done,spin,spin"},
         )  # fmt: skip
         said = b""
@@ -171,7 +173,16 @@ def test_run_attach_opens_a_rank_that_paused_after_node_0s_ranks_exited(tmp_path
 
 
 def test_a_spare_seated_after_a_loss_is_judged_like_any_node(cluster_factory):
-    args = ["--spares", "1", "--max-restarts", "1", "--heartbeat-timeout", "2", "--grace", "1"]
+    args = [
+        "--spares",
+        "1",
+        "--max-infra-restarts",
+        "1",
+        "--heartbeat-timeout",
+        "2",
+        "--grace",
+        "1",
+    ]
     cluster = cluster_factory(3).start(
         [*args, "--hang-timeout", f"{HANG:g}", SHAPES], env={"ROLES": "done,spin"}
     )

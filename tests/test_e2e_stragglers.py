@@ -67,6 +67,7 @@ def test_restart_loop_guard_stops_after_two_attempts_without_progress(cluster_fa
             "5",
             "--progress-regex",
             STEP,
+            "--restart-same-failure",  # the same failure every time: the progress guard decides
             FIXTURE,
             "--on",
             "1",
@@ -97,6 +98,7 @@ def test_restart_without_progress_turns_the_guard_off(cluster_factory):
             "--progress-regex",
             STEP,
             "--restart-without-progress",
+            "--restart-same-failure",
             FIXTURE,
             "--on",
             "1",
@@ -121,6 +123,7 @@ def test_progress_in_every_attempt_keeps_restarting(cluster_factory):
             "2",
             "--progress-regex",
             STEP,
+            "--restart-same-failure",
             FIXTURE,
             "--stdout",
             "step 1",

@@ -503,3 +503,56 @@ def test_the_database_and_its_wal_and_shm_are_private(tmp_path):
     assert _modes(old) == dict.fromkeys(names, "0o600")
     reader.close()
     left.close()
+
+
+SUMMARY_CLASSED = {
+    **SUMMARY_RESTART,
+    "job": {**SUMMARY_RESTART["job"], "max_restarts": 10, "max_infra_restarts": 3},
+    "attempts": [
+        {**SUMMARY_RESTART["attempts"][0], "failure": {"class": "infrastructure", "why": "lost"}},
+        {**SUMMARY_RESTART["attempts"][1], "failure": {"class": "program", "why": "rank 1: x",
+                                                       "signature": "exit code 3 from t.py"}},
+    ],
+}  # fmt: skip
+# The schema before the restart budgets and failure classes (and before run_id, node0)
+OLD_SCHEMA = (
+    """CREATE TABLE jobs (
+        id INTEGER PRIMARY KEY AUTOINCREMENT, job_id TEXT NOT NULL, run INTEGER NOT NULL,
+        step TEXT, command TEXT, start_time REAL, end_time REAL, nodes INTEGER, ranks INTEGER,
+        spares_used TEXT, exit_code INTEGER, status TEXT, cause TEXT, restarts INTEGER,
+        stragglers TEXT, log_dir TEXT)""",
+    """CREATE TABLE attempts (
+        job INTEGER NOT NULL, attempt INTEGER NOT NULL, start_time REAL, end_time REAL,
+        nodes INTEGER, ranks INTEGER, failed INTEGER, spares TEXT, lost_nodes TEXT, cause TEXT,
+        PRIMARY KEY (job, attempt))""",
+    "INSERT INTO jobs VALUES (1, '70', 0, '0', 'old.py', 100, 110, 1, 1, '[]', 1, 'failed', "
+    "'it broke', 1, '[]', '/l/70')",
+    "INSERT INTO attempts VALUES (1, 0, 100, 105, 1, 1, 1, '[]', '[]', 'it broke')",
+)
+
+
+def test_budgets_and_each_attempts_class_in_the_rows_of_a_database_migrated_to_them(tmp_path):
+    """A database an older version wrote gets the new columns at the next append; its old rows
+    read as None there, the new job's budgets and attempt classes read back."""
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    con = sqlite3.connect(state / "history.sqlite")
+    for statement in OLD_SCHEMA:
+        con.execute(statement)
+    con.commit()
+    con.close()
+    _append(state, SUMMARY_CLASSED)
+    old, new = store.read(state / "history.sqlite", match=lambda record: True)
+    assert (old.record.max_restarts, old.record.max_infra_restarts) == (None, None)
+    assert [a.failure_class for a in old.record.attempts] == [None]
+    assert old.record.cause == "it broke"
+    assert (new.record.max_restarts, new.record.max_infra_restarts) == (10, 3)
+    assert [a.failure_class for a in new.record.attempts] == ["program", "infrastructure"][::-1]
+    assert new.record == from_summary(SUMMARY_CLASSED, NOW)
+
+
+def test_a_guards_cause_reads_as_its_own_words():
+    cause = {"kind": "same_failure", "how": "the same failure twice: ValueError at t.py:8; "
+             "not restarting", "failure": CAUSE}  # fmt: skip
+    record = from_summary({**SUMMARY_RESTART, "root_cause": cause}, NOW)
+    assert record.cause == "the same failure twice: ValueError at t.py:8; not restarting"

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from agent.run.verdict import judge, root_cause
+from agent.run.failure_class import AttemptFailure, FailureClass, Signature
+from agent.run.verdict import Budget, judge, root_cause
 
 
 def _exit(rank: int, state: str, code: int | None = 0) -> dict:
@@ -25,7 +26,7 @@ STOP_FAILURE = {"kind": "signal", "how": "agent received SIGINT", "signal": "SIG
         ([OK, OK], [], 0, 0, 0, False),
         ([OK, FAILED], [RANK_FAILURE], 0, 0, 1, False),
         ([OK, FAILED], [RANK_FAILURE], 0, 2, 1, True),
-        ([OK, FAILED], [RANK_FAILURE], 2, 2, 1, False),  # restarts used up
+        ([OK, FAILED], [RANK_FAILURE], 2, 2, 1, False),  # restarts used up (two before it)
         ([OK, LOST], [LOST_FAILURE], 0, 0, 3, False),
         ([OK, LOST], [LOST_FAILURE], 0, 5, 3, False),  # the same world cannot run without it
         ([OK, {**FAILED, "refused": "forged abort record"}], [RANK_FAILURE], 0, 3, 4, True),
@@ -37,8 +38,15 @@ STOP_FAILURE = {"kind": "signal", "how": "agent received SIGINT", "signal": "SIG
     ],
 )
 def test_exit_code_and_restart(results, failures, attempt, max_restarts, code, restart):
-    verdict = judge(attempt, results, failures, max_restarts)
+    # the earlier attempts failed differently each time: only the budget counts here
+    earlier = [_bug(f"E{k}") for k in range(attempt)]
+    verdict = judge(attempt, results, failures, Budget(max_restarts, max_restarts), earlier=earlier)
     assert (verdict.code, verdict.restart) == (code, restart)
+
+
+def _bug(exception: str) -> AttemptFailure:
+    signature = Signature(exception, None, "exit code 1", "train.py")
+    return AttemptFailure(FailureClass.PROGRAM, exception, signature)
 
 
 def test_root_cause_is_the_failure_the_store_saw_first():
@@ -49,7 +57,7 @@ def test_root_cause_is_the_failure_the_store_saw_first():
 
 
 def test_the_attempt_record_lists_every_rank_and_the_lost_nodes():
-    verdict = judge(1, [FAILED, OK, LOST], [LOST_FAILURE, RANK_FAILURE], 0)
+    verdict = judge(1, [FAILED, OK, LOST], [LOST_FAILURE, RANK_FAILURE], Budget())
     record = verdict.record
     assert record["attempt"] == 1 and record["root_cause"] == RANK_FAILURE
     assert [r["rank"] for r in record["ranks"]] == [-1, 0, 1, 2, 3]

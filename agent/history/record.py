@@ -28,6 +28,7 @@ class AttemptRecord:
     spares: tuple[str, ...]  # hosts that waited as spares in this attempt
     lost_nodes: tuple[int, ...]
     cause: str | None  # this attempt's root cause, one line
+    failure_class: str | None = None  # program | infrastructure (agent.run.failure_class)
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,8 @@ class JobRecord:
     log_dir: str
     attempts: tuple[AttemptRecord, ...]
     node0: Mapping[str, Any] | None = None  # a running record: node 0's agent (history.liveness)
+    max_restarts: int | None = None  # the restart budgets (None: a summary that predates them)
+    max_infra_restarts: int | None = None
 
 
 def from_summary(summary: Mapping[str, Any], now: float) -> JobRecord:
@@ -86,6 +89,8 @@ def from_summary(summary: Mapping[str, Any], now: float) -> JobRecord:
         log_dir=_text(job.get("log_dir"), 4096),
         attempts=attempts,
         node0=dict(summary["node0"]) if running and _is_map(summary.get("node0")) else None,
+        max_restarts=_count_or_none(job.get("max_restarts")),
+        max_infra_restarts=_count_or_none(job.get("max_infra_restarts")),
     )
 
 
@@ -105,6 +110,7 @@ def attempt_record(attempt: Mapping[str, Any], position: int) -> AttemptRecord:
         spares=tuple(_text(h, 256) for h in _list(attempt.get("spares"))[:1000]),
         lost_nodes=tuple(_int(n, -1) for n in _list(attempt.get("lost_nodes"))[:1000]),
         cause=cause_line(attempt.get("root_cause")),
+        failure_class=_failure_class(attempt.get("failure")),
     )
 
 
@@ -113,7 +119,9 @@ def cause_line(cause: Any) -> str | None:
     layer above this one)."""
     if not _is_map(cause):
         return None
-    if cause.get("kind") == "rank":
+    if cause.get("kind") in ("no_progress", "same_failure"):  # a guard's words say it all
+        text = str(cause.get("how"))
+    elif cause.get("kind") == "rank":
         text = (
             f"rank {cause.get('rank')} on {cause.get('host')} (node {cause.get('node_rank')}) "
             f"{cause.get('how')}"
@@ -125,6 +133,16 @@ def cause_line(cause: Any) -> str | None:
     else:
         text = f"node {cause.get('node_rank')} ({cause.get('host')}): {cause.get('how')}"
     return _text(text, TEXT_CAP)
+
+
+def _failure_class(failure: Any) -> str | None:
+    value = _map(failure).get("class")
+    return value if value in ("program", "infrastructure") else None
+
+
+def _count_or_none(value: Any) -> int | None:
+    number = _int(value, -1)
+    return number if number >= 0 else None
 
 
 def _spares_used(attempts: Sequence[Any]) -> tuple[str, ...]:

@@ -49,7 +49,13 @@ _SCHEMA = (
 )
 # Columns later versions added to `jobs`: added to an older database at its next append; a
 # reader of one without them reads NULL.
-_ADDED = {"run_id": "TEXT", "node0": "TEXT"}
+_ADDED = {
+    "run_id": "TEXT",
+    "node0": "TEXT",
+    "max_restarts": "INTEGER",
+    "max_infra_restarts": "INTEGER",
+}
+_ADDED_TO_ATTEMPTS = {"failure_class": "TEXT"}  # the same, for `attempts`
 
 
 @dataclass(frozen=True)
@@ -145,10 +151,11 @@ def _append_once(path: Path, record: JobRecord, cap: int, busy: float) -> None:
         con.execute("BEGIN IMMEDIATE")
         for statement in _SCHEMA:
             con.execute(statement)
-        have = _columns(con)
-        for column, kind in _ADDED.items():
-            if column not in have:
-                con.execute(f"ALTER TABLE jobs ADD COLUMN {column} {kind}")
+        for table, added in (("jobs", _ADDED), ("attempts", _ADDED_TO_ATTEMPTS)):
+            have = _columns(con, table)
+            for column, kind in added.items():
+                if column not in have:
+                    con.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
         (last,) = con.execute(
             "SELECT max(run) FROM jobs WHERE job_id = ? AND typeof(run) = 'integer'",
             (record.job_id,),
@@ -157,21 +164,24 @@ def _append_once(path: Path, record: JobRecord, cap: int, busy: float) -> None:
         job = con.execute(
             "INSERT INTO jobs (id, job_id, run, step, command, start_time, end_time, nodes, "
             "ranks, spares_used, exit_code, status, cause, restarts, stragglers, log_dir, run_id, "
-            "node0) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "node0, max_restarts, max_infra_restarts) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 key, record.job_id, run, record.step, record.command,
                 record.start, record.end, record.nodes, record.ranks,
                 json.dumps(record.spares_used), record.exit_code, record.status, record.cause,
                 record.restarts, json.dumps(record.stragglers), record.log_dir, record.run_id,
                 json.dumps(record.node0) if record.node0 is not None else None,
+                record.max_restarts, record.max_infra_restarts,
             ),
         ).lastrowid  # fmt: skip
         con.executemany(
-            "INSERT INTO attempts VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "INSERT INTO attempts (job, attempt, start_time, end_time, nodes, ranks, failed, "
+            "spares, lost_nodes, cause, failure_class) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             [
                 (
                     job, a.attempt, a.start, a.end, a.nodes, a.ranks, a.failed,
-                    json.dumps(a.spares), json.dumps(a.lost_nodes), a.cause,
+                    json.dumps(a.spares), json.dumps(a.lost_nodes), a.cause, a.failure_class,
                 )
                 for a in _unique(record.attempts)
             ],
@@ -303,7 +313,7 @@ def read(
             where, args = "WHERE job_id = ?", (job_id,)
             if run is not None:
                 where, args = where + " AND run = ?", (job_id, run)
-        added = ", ".join(c if c in _columns(con) else "NULL" for c in _ADDED)
+        added = ", ".join(c if c in _columns(con, "jobs") else "NULL" for c in _ADDED)
         rows = con.execute(
             "SELECT id, run, job_id, step, command, start_time, end_time, nodes, ranks, "
             f"spares_used, exit_code, status, cause, restarts, stragglers, log_dir, {added} "
@@ -338,7 +348,7 @@ def _job_from_row(row: Sequence[object]) -> Stored | None:
     None when what identifies or orders it (job id, run, run id, times, exit code) does not
     fit. A job's running record has no exit code yet."""
     (run, job_id, step, command, start, end, nodes, ranks, spares, exit_code, status, cause,
-     restarts, stragglers, log_dir, rid, node0) = row  # fmt: skip
+     restarts, stragglers, log_dir, rid, node0, max_restarts, max_infra) = row  # fmt: skip
     start, end = _time(start), _time(end)
     if not isinstance(job_id, str) or not _is_int(run) or start is None or end is None:
         return None
@@ -358,6 +368,8 @@ def _job_from_row(row: Sequence[object]) -> Stored | None:
             status=status, cause=_text(cause) or None, restarts=_count(restarts),
             stragglers=_texts(stragglers), log_dir=_text(log_dir), attempts=(),
             node0=_map(node0),
+            max_restarts=max_restarts if _is_int(max_restarts) else None,  # type: ignore[arg-type]
+            max_infra_restarts=max_infra if _is_int(max_infra) else None,  # type: ignore[arg-type]
         ),
     )  # fmt: skip
 
@@ -368,11 +380,12 @@ def _attempts(
     """The attempts of the jobs `keys` name, and how many of their rows were skipped."""
     found: dict[int, list[AttemptRecord]] = {}
     skipped = 0
+    added = "failure_class" if "failure_class" in _columns(con, "attempts") else "NULL"
     for at in range(0, len(keys), 500):  # SQLite's bound on the variables of one statement
         chunk = keys[at : at + 500]
         for row in con.execute(
             "SELECT job, attempt, start_time, end_time, nodes, ranks, failed, spares, "
-            f"lost_nodes, cause FROM attempts WHERE job IN ({', '.join('?' * len(chunk))}) "
+            f"lost_nodes, cause, {added} FROM attempts WHERE job IN ({', '.join('?' * len(chunk))}) "
             "ORDER BY job, attempt",
             chunk,
         ):
@@ -384,8 +397,8 @@ def _attempts(
     return {key: tuple(records) for key, records in found.items()}, skipped
 
 
-def _columns(con: sqlite3.Connection) -> set[str]:
-    return {row[1] for row in con.execute("PRAGMA table_info(jobs)")}
+def _columns(con: sqlite3.Connection, table: str) -> set[str]:
+    return {row[1] for row in con.execute(f"PRAGMA table_info({table})")}
 
 
 def _map(text: object) -> dict | None:
@@ -400,13 +413,14 @@ def _map(text: object) -> dict | None:
 
 def _attempt_from_row(row: Sequence[object]) -> AttemptRecord | None:
     """An attempts row (from `attempt` on); None when its number does not fit."""
-    attempt, start, end, nodes, ranks, failed, spares, lost_nodes, cause = row
+    attempt, start, end, nodes, ranks, failed, spares, lost_nodes, cause, failure_class = row
     if not _is_int(attempt):
         return None
     lost = tuple(n for n in _json(lost_nodes) if _is_int(n))
     return AttemptRecord(
         attempt, _time(start), _time(end), _count(nodes), _count(ranks), _count(failed),  # type: ignore[arg-type]
         _texts(spares), lost, _text(cause) or None,
+        failure_class if failure_class in ("program", "infrastructure") else None,
     )  # fmt: skip
 
 

@@ -32,9 +32,27 @@ OPTIONS: tuple[Option, ...] = (
         "max_restarts",
         int,
         0,
-        "restart the whole world together up to K times after a failure",
+        "restart the whole world together up to K times after a program failure (an exception "
+        "or exit code from a rank whose peers were healthy); the same failure twice in a row "
+        "stops the job (exit 5) unless --restart-same-failure",
         low=0,
         high=10000,
+    ),
+    Option(
+        "max_infra_restarts",
+        int,
+        3,
+        "restart the whole world up to K times after an infrastructure failure (a lost node, "
+        "a hang, a collective error after a peer died), counted apart from --max-restarts",
+        low=0,
+        high=10000,
+    ),
+    Option(
+        "restart_same_failure",
+        bool,
+        False,
+        "restart even when two attempts in a row failed the same way (the same exception at "
+        "the same line of the script, or the same exit code); default: stop, exit 5",
     ),
     # Failures at scale: hot spares, exclusions, shrinking, health checks.
     Option(

@@ -32,6 +32,8 @@ class Options:
     console_ranks: str = _default("console_ranks")
     grace: float = _default("grace")
     max_restarts: int = _default("max_restarts")
+    max_infra_restarts: int = _default("max_infra_restarts")
+    restart_same_failure: bool = _default("restart_same_failure")
     spares: int = _default("spares")
     min_nodes: int = _default("min_nodes")
     exclude: str | None = _default("exclude")

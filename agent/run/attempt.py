@@ -161,7 +161,8 @@ class NodeAttempt:
                     log.info(
                         "attempt %d: %d of %d ranks forked warm", attempt, forked, len(started)
                     )
-                if warm.resident or attempt < plan.options.max_restarts:
+                restarts = plan.options.max_restarts + plan.options.max_infra_restarts
+                if warm.resident or attempt < restarts:  # another attempt may come
                     warm.ensure(self.environ)  # for the next attempt or run, once ours started
             console.started(started)
             self.metrics.ranks_started(attempt, plan.world_size)

@@ -31,13 +31,14 @@ from agent.run import outputs
 from agent.run.attempt import NodeAttempt
 from agent.run.bounded_wait import await_verdict, results_with_own
 from agent.run.coordinator import Coordination, Coordinator
+from agent.run.failure_class import AttemptFailure
 from agent.run.lineup import Lineup, seating
 from agent.run.prepare import Prepared, replanned
 from agent.run.roll_call import RollCall
 from agent.run.summary import build_summary, cause_line, job_record, render_report
 from agent.run.supervisor import Outcome
 from agent.run.tools import RunTools
-from agent.run.verdict import Verdict, guard_loop, judge, with_collectives
+from agent.run.verdict import Budget, Verdict, guard_loop, judge, with_collectives
 
 log = logging.getLogger("agent")
 
@@ -113,6 +114,7 @@ class Run:
         me, leader = world.agent_index, seat.leader
         roster = self.roster or Roster.initial(world.agents, prepared.plan.options.spares)
         history: list[dict[str, Any]] = []
+        failed: list[AttemptFailure | None] = []  # node 0: how each attempt failed (restarts)
         attempt = 0
         while True:
             stages.enter(self.stage.at(attempt))
@@ -163,7 +165,7 @@ class Run:
                     scope.put(f"result/{me}", result)
                     if coordinator is not None:
                         decision = self._decide(
-                            prepared, scope, attempt, roster, history, outcome, coordinator
+                            prepared, scope, attempt, roster, history, failed, outcome, coordinator
                         )
                     else:
                         own = (f"result/{me}", result)
@@ -184,13 +186,14 @@ class Run:
         attempt: int,
         roster: Roster,
         history: list[dict[str, Any]],
+        failed: list[AttemptFailure | None],
         outcome: Outcome,
         coordinator: Coordinator,
     ) -> dict[str, Any]:
         """Node 0: judge the attempt, tell everyone, write the summary when it is the last."""
         options = prepared.plan.options
         verdict, progressed, done = self._judge(
-            scope, attempt, roster, options, _result(outcome), coordinator
+            scope, attempt, roster, prepared, failed, _result(outcome), coordinator
         )
         exits = {
             e["rank"]: e["returncode"]
@@ -201,6 +204,7 @@ class Run:
         if view:
             log.error("NCCL's flight-recorder dumps: %s", "; ".join(view))
             verdict = with_collectives(verdict, view)
+        failed.append(verdict.failure)
         if options.progress_regex is not None and not options.restart_without_progress:
             before = [bool(a.get("progressed")) for a in history]
             verdict = guard_loop(verdict, [*before, progressed])
@@ -216,13 +220,17 @@ class Run:
         decision = {"restart": verdict.restart, "code": verdict.code}
         cause = (verdict.root_cause or {}).get("time")
         self.metrics.attempt_ended(attempt, cause, [e.get("end") for e in verdict.record["ranks"]])
-        if verdict.restart:
+        if verdict.restart and verdict.failure is not None:
+            kind = verdict.failure.failure_class
+            spent = sum(1 for f in failed if f is not None and f.failure_class is kind)
             log.warning(
-                "attempt %d failed (%s); restarting the whole world (%d of %d)",
+                "attempt %d failed (%s: %s); restarting the whole world (%s restart %d of %d)",
                 attempt,
+                kind.value,
                 cause_line(verdict.root_cause) if verdict.root_cause else None,
-                attempt + 1,
-                options.max_restarts,
+                kind.value,
+                spent,
+                _budget(options).of(kind),
             )
         else:
             self._summarise(prepared, history, verdict.code)
@@ -235,7 +243,8 @@ class Run:
         scope: Scope,
         attempt: int,
         roster: Roster,
-        options: Options,
+        prepared: Prepared,
+        failed: list[AttemptFailure | None],
         mine: dict[str, Any],
         coordinator: Coordinator,
     ) -> tuple[Verdict, bool, Coordination]:
@@ -250,9 +259,11 @@ class Run:
         if done.failure is not None:
             failures.append(done.failure)
         lost = [a for a, r in zip(roster.nodes, results, strict=True) if r.get("lost")]
-        verdict = judge(
-            attempt, results, failures, options.max_restarts, _replaceable(roster, lost, options)
-        )
+        options = prepared.plan.options
+        replaceable = _replaceable(roster, lost, options)
+        budget = _budget(options)
+        script = prepared.plan.script
+        verdict = judge(attempt, results, failures, budget, replaceable, failed, script)
         return verdict, any(r.get("progressed") for r in results), done
 
     def _coordinator(
@@ -317,6 +328,10 @@ class Run:
         self.metrics.finished(code)
         shown = path or "not written (see above)"
         (log.info if code == 0 else log.error)("%s\nsummary: %s", render_report(summary), shown)
+
+
+def _budget(options: Options) -> Budget:
+    return Budget(options.max_restarts, options.max_infra_restarts, options.restart_same_failure)
 
 
 def _replaceable(roster: Roster, lost: list[int], options: Options) -> bool:

@@ -111,6 +111,11 @@ def job_record(world: Any, plan: Any) -> dict[str, Any]:
         "nnodes": plan.nnodes,
         "agents": world.agents,
         "spares": plan.options.spares,
+        # the restart budgets (agent.run.verdict.Budget); each attempt's "failure" says which
+        # one it spent
+        "max_restarts": plan.options.max_restarts,
+        "max_infra_restarts": plan.options.max_infra_restarts,
+        "restart_same_failure": plan.options.restart_same_failure,
         "world_size": plan.world_size,
         "nproc_per_node": plan.nproc_per_node,
         "hosts": list(world.hosts),
@@ -208,7 +213,7 @@ def _secs(value: Any) -> str:
 
 def cause_line(cause: Mapping[str, Any]) -> str:
     """One line naming the failure: shared by the agent's report and `agent logs --summary`."""
-    if cause.get("kind") == "no_progress":
+    if cause.get("kind") in ("no_progress", "same_failure"):  # a guard's: the failure inside
         failure = cause.get("failure")
         return str(cause.get("how")) + (f" (last: {cause_line(failure)})" if failure else "")
     if cause.get("kind") == "rank":

@@ -9,6 +9,7 @@ from typing import Any
 
 from agent.errors import ExitCode
 from agent.node.sealed import TAMPERING
+from agent.run.failure_class import AttemptFailure, FailureClass, classify
 from agent.run.summary import RankExit
 
 
@@ -18,6 +19,23 @@ class Verdict:
     restart: bool
     root_cause: Mapping[str, Any] | None
     record: Mapping[str, Any]  # this attempt in summary.json: root cause, ranks, lost nodes
+    failure: AttemptFailure | None = None  # how it failed: program or infrastructure (None: ok)
+
+
+@dataclass(frozen=True)
+class Budget:
+    """The restarts a run may spend: `--max-restarts` on program failures,
+    `--max-infra-restarts` on infrastructure ones; `--restart-same-failure` lets a run restart
+    after the same program failure twice in a row."""
+
+    max_restarts: int = 0
+    max_infra_restarts: int = 3
+    restart_same_failure: bool = False
+
+    def of(self, failure_class: FailureClass) -> int:
+        return (
+            self.max_restarts if failure_class is FailureClass.PROGRAM else self.max_infra_restarts
+        )
 
 
 def root_cause(failures: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
@@ -30,12 +48,16 @@ def judge(
     attempt: int,
     results: Sequence[Mapping[str, Any]],
     failures: Sequence[Mapping[str, Any]],
-    max_restarts: int,
+    budget: Budget,
     replaceable: bool = False,
+    earlier: Sequence[AttemptFailure | None] = (),
+    script: str = "",
 ) -> Verdict:
     """`results`: one per node ({"exits": [...], "signal", "refused", ...} or {"lost": True,
     "node", "host"}); `failures`: every failure record published in this attempt;
-    `replaceable`: a spare (or a smaller world) can stand in for the lost nodes."""
+    `replaceable`: a spare (or a smaller world) can stand in for the lost nodes; `earlier`:
+    how the run's earlier attempts failed, in order (each one was restarted); `script`: the
+    run's, named by a failure without a traceback."""
     cause = root_cause(failures)
     ranks = [dict(e) for r in results for e in r.get("exits", [])]
     lost = [r for r in results if r.get("lost")]
@@ -46,9 +68,10 @@ def judge(
     signalled = any(r.get("signal") for r in results)
     # An operator's stop is final; a lost node's place must be filled before the world can run;
     # a store an outsider tampers with would only be tampered with again.
+    failure = classify(cause, failures, bool(lost), script) if code != ExitCode.OK else None
     restart = (
-        code != ExitCode.OK
-        and attempt < max_restarts
+        failure is not None
+        and _within(budget, failure, earlier)
         and not signalled
         and (not lost or replaceable)
         and not tampered(cause)
@@ -59,8 +82,42 @@ def judge(
         "ranks": sorted(ranks, key=lambda e: e["rank"]),
         "lost_nodes": [r["node"] for r in lost],
         "warnings": [w for r in results for w in r.get("warnings") or []][:1000],
+        **({"failure": failure.to_json()} if failure is not None else {}),
     }
-    return Verdict(int(code), restart, cause, record)
+    verdict = Verdict(int(code), restart, cause, record, failure)
+    return verdict if budget.restart_same_failure else _guard_same(verdict, earlier, attempt)
+
+
+def _within(budget: Budget, failure: AttemptFailure, earlier: Sequence[AttemptFailure | None]):
+    """Whether the failure's class has a restart left: each earlier failure of the class spent
+    one."""
+    spent = sum(1 for e in earlier if e is not None and e.failure_class is failure.failure_class)
+    return spent < budget.of(failure.failure_class)
+
+
+def _guard_same(
+    verdict: Verdict, earlier: Sequence[AttemptFailure | None], attempt: int
+) -> Verdict:
+    """A restart after the same program failure twice in a row is called off: a bug fails the
+    same way every time, and each restart costs the whole allocation. The job ends with
+    ExitCode.NO_PROGRESS (the loop guard's code), the attempt's own failure under "failure"."""
+    failure, before = verdict.failure, earlier[-1] if earlier else None
+    if not verdict.restart or failure is None or before is None:
+        return verdict
+    if not (failure.program and before.program and failure.signature == before.signature):
+        return verdict
+    assert failure.signature is not None
+    cause: dict[str, Any] = {
+        "kind": "same_failure",
+        "how": f"the same failure twice: {failure.signature.text()}; not restarting",
+        "attempts": [attempt - 1, attempt],
+    }
+    if verdict.root_cause:
+        cause["failure"] = dict(verdict.root_cause)
+    record = {**verdict.record, "root_cause": cause}
+    return replace(
+        verdict, code=int(ExitCode.NO_PROGRESS), restart=False, root_cause=cause, record=record
+    )
 
 
 def tampered(cause: Mapping[str, Any] | None) -> bool:
