@@ -3,10 +3,12 @@
 The supervisor tells it when the node's ranks started and when each exits, and, on its ticks,
 how long the live ones have been quiet. It seals a new standing under the attempt's
 `standing/<agent>` when something changed, then bumps `standing-seq` and sets the key named
-after the count — they only wake node 0's coordinator, who reads the sealed records and decides. Before node 0 calls a hang it
-asks every node again through the stacks desk (`RECHECK_DESK`): the node measures its silence
-at that moment and answers its standing under that request's number, which no record written
-earlier (an outsider's replay) can stand in for.
+after the count — they only wake node 0's coordinator, who reads the sealed records and
+decides. Before node 0 calls a hang it asks every node again through the stacks desk
+(`RECHECK_DESK`): the node measures its silence at that moment and answers its standing under
+that request's number, which no record written earlier (an outsider's replay) can stand in for.
+Ranks found waiting in a collective near its timeout (agent.hang.collective_watch) are named in
+the standing too (`overdue`): node 0 then checks every rank's recorder itself.
 Quiet means: every live rank silent for --hang-timeout, and no rank of this node paused in pdb
 (agent.pause) now or in the last --hang-timeout seconds. A node without --hang-timeout is never
 quiet; its standing still says which ranks ended (exit skew, a hang's root cause).
@@ -74,7 +76,7 @@ class HangWatch:
                 self._post()
 
     def overdue(self, ranks: tuple[int, ...]) -> None:
-        """Ranks of this node wait in a collective near its timeout (agent.hang.collective_watch)."""
+        """Ranks of this node wait in a collective near its timeout (agent.hang.collective_watch)"""
         with self._lock:
             if ranks != self._overdue:
                 self._overdue = ranks

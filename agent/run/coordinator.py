@@ -10,9 +10,9 @@ ranks do: they are one member's ranks like any other node's.
 Every node's standing (agent.hang.standing) is read from the sealed records, on a wake of the
 `standing-seq` counter or, whatever the counter says, every SLOW_LOOK seconds with
 --hang-timeout (a decision rides on them) and every SLOWER_LOOK seconds without (the overdue
-collectives' judge: an outsider who holds the counter still delays it, never decides); for each node the record with the highest
-sequence number is kept, so a record deleted, garbled or written back by an outsider is never
-newer knowledge than what was seen.
+collectives' judge: an outsider who holds the counter still delays it, never decides); for
+each node the record with the highest sequence number is kept, so a record deleted, garbled or
+written back by an outsider is never newer knowledge than what was seen.
 """
 
 from __future__ import annotations
