@@ -76,7 +76,7 @@ class HangWatch:
                 self._post()
 
     def overdue(self, ranks: tuple[int, ...]) -> None:
-        """Ranks of this node wait in a collective near its timeout (agent.hang.collective_watch)"""
+        """Ranks of this node wait in a collective near its timeout (hang.collective_watch)."""
         with self._lock:
             if ranks != self._overdue:
                 self._overdue = ranks
