@@ -18,6 +18,7 @@ SUBCOMMANDS = (
     "status",
     "down",
     "stacks",
+    "top",
     "debug",
     "history",
 )
@@ -62,7 +63,7 @@ def _subcommand(name: str, argv: list[str]) -> int:
         from agent.serve.resident import serve  # after parsing: `--help` stays light
 
         return serve(command, os.environ)
-    if name in ("run", "status", "down", "stacks"):
+    if name in ("run", "status", "down", "stacks", "top"):
         from agent.serve.commands import main as client_main
 
         return client_main(name, argv, os.environ)

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from agent.control import connection, wire
 from agent.control.debug_service import DebugService, paused_ranks
+from agent.control.top_service import TopService
 from agent.errors import AgentError
 from agent.pause.paused import render_list
 from agent.plan.rank_set import parse_rank_set
@@ -59,22 +60,25 @@ def stacks_reply(session: Session, message: dict[str, Any]) -> dict[str, Any]:
 
 
 class Control:
-    """The one-shot node 0's endpoint handler: `stacks` and `debug`."""
+    """The one-shot node 0's endpoint handler: `stacks`, `top` and `debug`."""
 
     def __init__(self, session: Session) -> None:
         self.session = session
         self.debug = DebugService(session)
+        self.top = TopService(session)
 
     def handle(self, channel: wire.Channel, first: dict[str, Any]) -> None:
         if first.get("op") == "stacks":
             channel.send(stacks_reply(self.session, first))
+        elif first.get("op") == "top":
+            channel.send(self.top.reply(first))
         elif first.get("op") == "debug":
             self.debug.handle(channel, first)
         else:
             channel.send(
                 {
-                    "error": "this job runs one-shot: only `agent stacks` and `agent debug` "
-                    "are served",
+                    "error": "this job runs one-shot: only `agent stacks`, `agent top` and "
+                    "`agent debug` are served",
                     "code": 2,
                 }
             )

@@ -50,6 +50,8 @@ class StackDesk:
         self._lock = threading.Lock()
         self._asking: Scope | None = None  # node 0's own connection for requests
         self._posted = 0  # node 0: the number of the last request it published
+        self._gathering: Scope | None = None  # node 0: the connection `gather` waits on
+        self._gather_lock = threading.Lock()
         self.recheck = recheck
         # request["desk"] → who answers it instead of this desk: (number, request) → the answer
         # (put here at once), or None when it puts one under answer_name(number) itself later
@@ -165,6 +167,21 @@ class StackDesk:
             if self._asking is None:
                 self._asking = self.scope.on(self.scope.store.another_client())
             return self._publish(self._asking, request)
+
+    def gather(self, request: dict[str, Any], wait: float) -> list[dict[str, Any] | None]:
+        """Node 0: every node's quick answer to another desk's request (`agent top`), None for
+        a node silent for `wait` seconds. One at a time, on a connection of its own: a stacks
+        request (seconds of py-spy) never holds it up, nor it the stacks."""
+        number = self.post(request)
+        names = [self.answer_name(number, node) for node in self.nodes]
+        with self._gather_lock:
+            if self._gathering is None:
+                self._gathering = self.scope.on(self.scope.store.another_client())
+            side = self._gathering
+            if side.store.wait([side.key(name) for name in names], wait):
+                with contextlib.suppress(Tampered):  # one round trip for every answer
+                    return list(side.get_all(names, "relayed answer", wait))
+            return [side.get_if(name, "relayed answer") for name in names]
 
     def _publish(self, s: Scope, request: dict[str, Any]) -> int:
         """Node 0 (holding the lock): the request under the next number of its own, then that

@@ -21,6 +21,7 @@ warning: put it before SCRIPT). Other commands:
   python -m agent doctor                                GPUs, NUMA, NICs, RoCE GIDs, NCCL hints
   python -m agent serve | run | status | down           resident agents and warm runs (salloc)
   python -m agent stacks [LOG_DIR]                      every rank's stack in a live job
+  python -m agent top [LOG_DIR] [--once]                every rank's state, cpu, rss, live
   python -m agent debug [LOG_DIR] [--rank R]           ranks paused in pdb, a session with one
   python -m agent history [ID] [--failed]               this user's past jobs and runs
 Exit codes: 0 ok, 1 a rank failed, 2 bad input (nothing started), 3 rendezvous or peer lost,

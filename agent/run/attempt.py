@@ -8,8 +8,10 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import time
 from collections.abc import Mapping
 
+from agent.console import top
 from agent.console.view import ConsoleView
 from agent.hang.collective_watch import CollectiveWatch
 from agent.hang.desk import StackDesk
@@ -112,6 +114,18 @@ class NodeAttempt:
         )
         # node 0 asks before it calls a hang: this node's standing as of that moment
         desk.relays[RECHECK_DESK] = lambda number, request: sup.hang.recheck(sup.quiet_for())
+        # `agent top`: this node's rows at once, measured on the stacks thread (no py-spy)
+        sampler = top.RankSampler(plan.options.hang_warning)
+        clocks = console.router.clocks if console.router.numbers_steps else None
+
+        def top_rows(number: int, request: dict) -> dict:
+            found = list(getattr(sup, "workers", []))
+            rows = sampler.rows(
+                found, time.monotonic(), pauses.paused_ranks(), clocks() if clocks else None
+            )
+            return top.answer(rows, len(found))
+
+        desk.relays[top.DESK] = top_rows
         probes = private_dir() if plan.options.flight_recorder else None
         collectives = (
             CollectiveWatch(probes, lambda: _live(sup), sup.silent_for, sup.hang.overdue)

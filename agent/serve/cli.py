@@ -107,6 +107,8 @@ def parse_run(argv: Sequence[str]) -> Command:
 def parse_client(action: str, argv: Sequence[str]) -> ClientCommand:
     if action == "stacks":
         return _parse_stacks(argv)
+    if action == "top":
+        return _parse_top(argv)
     if action != "run":
         parser = Parser(
             prog=f"python -m agent {action}",
@@ -149,3 +151,27 @@ def _parse_stacks(argv: Sequence[str]) -> ClientCommand:
         serve_file = os.path.join(ns.log_dir, "control.json")
     argv_out = ("--native",) if ns.native else ()
     return ClientCommand("stacks", serve_file, (*argv_out, "--ranks", ns.ranks), None, ns.log_dir)
+
+
+def _parse_top(argv: Sequence[str]) -> ClientCommand:
+    parser = Parser(
+        prog="python -m agent top",
+        subcommand="top",
+        description="Every rank of a live job, one row each (host, state, pid, cpu %, rss, "
+        "seconds silent; steps with --progress-regex), redrawn every second until the job ends "
+        "or Ctrl-C. Finds the job from LOG_DIR (control.json) or, inside an allocation, from "
+        "SLURM_JOB_ID (resident agents).",
+        allow_abbrev=False,
+    )
+    parser.add_argument(
+        "log_dir", nargs="?", metavar="LOG_DIR", help="the job's log dir, or its id (8.0, 8.0.r3)"
+    )
+    parser.add_argument("--once", action="store_true", help="print the table once, plain, and exit")
+    parser.add_argument("--serve", metavar="FILE", help=_CLIENT_HELP)
+    ns = parser.parse_args(list(argv))
+    serve_file = ns.serve
+    if ns.log_dir is not None and serve_file is None:
+        import os
+
+        serve_file = os.path.join(ns.log_dir, "control.json")
+    return ClientCommand("top", serve_file, ("--once",) if ns.once else (), None, ns.log_dir)

@@ -39,6 +39,14 @@ def main(action: str, argv: Sequence[str], environ: Mapping[str, str]) -> int:
         if finished and (has_verdict(log_dir) or killed(log_dir)):
             raise not_live(log_dir) from None
         raise
+    if action == "top":
+        from agent.serve.top_view import follow
+
+        opener = lambda: client.open_channel(target, environ, home)  # noqa: E731
+        ended = None
+        if log_dir is not None:
+            ended = lambda: has_verdict(log_dir) or killed(log_dir)  # noqa: E731
+        return follow(channel, opener, target.run, "--once" in command.argv, ended, sys.stdout)
     try:
         if action == "status":
             return client.status(channel, sys.stdout)

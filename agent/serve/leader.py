@@ -20,6 +20,7 @@ from typing import Any
 from agent.control import wire
 from agent.control.debug_service import DebugService
 from agent.control.stacks_service import stacks_reply
+from agent.control.top_service import TopService
 from agent.node.agent import NodeAgent
 from agent.node.signals import Signalled
 from agent.serve.runner import RunRunner
@@ -49,6 +50,7 @@ class Leader:
         self.answered = threading.Event()  # set once the `down` client has its answer
         self.run = 0  # the next run's number (its store scope is r<run>)
         self.debug = DebugService(runner.session)
+        self.top = TopService(runner.session)
 
     # -- the main thread ------------------------------------------------------------------
     def loop(self) -> wire.Channel:
@@ -96,6 +98,8 @@ class Leader:
             self._feed(channel, first)
         elif op == "stacks":
             _send(channel, stacks_reply(self.runner.session, first))
+        elif op == "top":
+            _send(channel, self.top.reply(first))
         elif op == "debug":
             self.debug.handle(channel, first)
         else:
