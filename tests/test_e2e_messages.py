@@ -72,11 +72,16 @@ def test_every_resident_nodes_teardown_reason_reaches_the_client(tmp_path):
         serving.start().ready()
         result = serving.call("run", FIXTURE, "--on", "0", "--exit", "3", "--others-wait")
         assert result.returncode == 1, result.stderr + serving.dump()
-        own = [line for line in serving.agents[1].stderr().splitlines() if "tearing down" in line]
+        log_dir = result.stderr.split("logs in ", 1)[1].split()[0]
+        with open(f"{log_dir}/agent-00001.log") as file:
+            own = [line for line in file if "tearing down" in line]
         assert own, serving.dump()  # node 1 said why in its own log ...
         relayed = [line for line in result.stderr.splitlines() if "tearing down" in line]
         assert any(line.startswith("[agent 127.0.0.2 r0.a0] ") for line in relayed), result.stderr
-        assert own[-1] in relayed, (own, result.stderr)  # ... and the client heard the same
+        said = own[-1].split(" r0.a0 ", 1)[1].strip()  # after the time, level and stage
+        assert f"[agent 127.0.0.2 r0.a0] {said}" in relayed, (own, result.stderr)  # ... relayed
+        # and not twice where srun shares the client's terminal: not on node 1's stderr too
+        assert "tearing down" not in serving.agents[1].stderr(), serving.dump()
         assert serving.call("down").returncode == 0
         assert serving.wait(60) == [0, 0], serving.dump()
     finally:
@@ -98,13 +103,38 @@ def test_no_internal_scope_names_and_join_only_while_joining(tmp_path):
         lines = "\n".join(told).splitlines()
         assert not [line for line in lines if SCOPE_NAME.search(line)], "\n".join(told)
         # the first node at each run's barrier waits for the other: it says for what, truly
-        own = "\n".join(a.stderr() for a in serving.agents).splitlines()
-        waits = [line for line in own if "more agent(s)" in line]
+        # (every line the agents' terminal and the client's show: once each, not node 0's twice)
+        waits = [line for line in lines if "more agent(s)" in line]
         assert len([w for w in waits if w.endswith("1 more agent(s) to prepare the run")]) == 2
         for agent in serving.agents:  # joining happens once, before node 0 serves
             text = agent.stderr()
             for line in text.splitlines():
                 if line.endswith("to join"):
                     assert " r" not in line.split("]")[0], line  # before any run's stage
+    finally:
+        serving.kill()
+
+
+def test_serve_and_run_in_one_terminal_print_each_node_0_line_once(tmp_path):
+    """`srun ... serve &` then `agent run` in that shell: the agents' output and the client's
+    share one terminal, where node 0's messages were printed by both."""
+    serving = Serving(tmp_path, 2, ("--preload", "none"))
+    try:
+        serving.start().ready()
+        result = serving.call("run", "--nproc-per-node", "1", FIXTURE, "--stdout", "rank says hi")
+        assert result.returncode == 0, result.stderr + serving.dump()
+        assert serving.call("down").returncode == 0
+        assert serving.wait(60) == [0, 0], serving.dump()
+        agents = "".join(a.stdout() + a.stderr() for a in serving.agents)
+        terminal = agents + result.stdout + result.stderr
+        for line in (
+            "127.0.0.1:0: rank says hi",
+            "attempt 0: starting ranks 0 on 127.0.0.1",
+            "job succeeded (exit 0) after 1 attempt(s)",
+        ):
+            assert terminal.count(line) == 1, terminal
+        log_dir = result.stderr.split("logs in ", 1)[1].split()[0]
+        with open(f"{log_dir}/agent-00000.log") as file:  # node 0's own record keeps them
+            assert "attempt 0: starting ranks 0 on 127.0.0.1" in file.read()
     finally:
         serving.kill()

@@ -5,6 +5,10 @@ lines, and its own warnings (why it tears down), to node 0 over its feed (a chan
 opened once), and node 0 relays them. The
 router's console thread is the only writer of each, and it drops lines rather than block a rank
 when the client is slow (agent.console.router), so a stalled client never stalls a run.
+
+A message node 0 hands to its client is not printed on its own stderr too: `srun ... serve &`
+and `agent run` in one shell share a terminal, where it would appear twice. The run's agent log
+(LOG_DIR/agent-00000.log) keeps it; a message the client did not get (gone) still goes to stderr.
 """
 
 from __future__ import annotations
@@ -57,7 +61,15 @@ class _ToClient(logging.Handler):
         try:
             self.channel.send(message)
         except Exception:
-            pass
+            return
+        record.reached_client = True  # the terminal handlers below leave it out (_NotTwice)
+
+
+class _NotTwice(logging.Filter):
+    """On this agent's own stderr: only the messages no client got (see the module's doc)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not getattr(record, "reached_client", False)
 
 
 @contextlib.contextmanager
@@ -72,8 +84,14 @@ def forward_logs(
         return
     handler = _ToClient(channel, host, level, run)
     logger = logging.getLogger("agent")
-    logger.addHandler(handler)
+    logger.addHandler(handler)  # the "agent" logger's handlers run before the root's
+    terminals = [h for h in logging.getLogger().handlers if type(h) is logging.StreamHandler]
+    once = _NotTwice()
+    for terminal in terminals:
+        terminal.addFilter(once)
     try:
         yield
     finally:
+        for terminal in terminals:
+            terminal.removeFilter(once)
         logger.removeHandler(handler)
