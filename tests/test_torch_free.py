@@ -1,5 +1,5 @@
 """Paths that do not need torch never import it: help, logs, bootstrap, doctor, and the clients
-of resident agents (`run`, `status`, `down`, `stacks`, `debug`) — checked with `python -X importtime`."""
+of resident agents (`run`, `status`, `down`, `stacks`, `top`, `debug`) — checked with `python -X importtime`."""
 
 from __future__ import annotations
 
@@ -23,6 +23,9 @@ from cluster import REPO
         ["-m", "agent", "status", "--serve", "/nonexistent/serve.json"],
         ["-m", "agent", "run", "--serve", "/nonexistent/serve.json", "train.py"],
         ["-m", "agent", "stacks", "/nonexistent-log-dir"],
+        ["-m", "agent", "top", "--help"],
+        ["-m", "agent", "top", "/nonexistent-log-dir", "--once"],
+        ["-m", "agent", "top", "--serve", "/nonexistent/serve.json"],
         ["-m", "agent", "debug", "--help"],
         ["-m", "agent", "debug", "/nonexistent-log-dir", "--list"],
         ["-m", "agent", "debug", "--serve", "/nonexistent/serve.json", "--all", "-c", "p x"],
