@@ -3,6 +3,7 @@ its SVG (well-formed XML, escaped, bounded in size at 4,096 nodes)."""
 
 from __future__ import annotations
 
+import dataclasses
 import xml.etree.ElementTree as ET
 
 import pytest
@@ -270,3 +271,24 @@ def test_no_string_from_the_summary_becomes_markup(summary, payload, replace):
     for element in root.iter():
         assert element.tag.removeprefix(SVG) in ELEMENTS, element.tag
         assert set(element.attrib) <= ATTRIBUTES, element.attrib
+
+
+def test_a_local_job_is_named_by_its_run_id_and_every_text_stays_in_the_picture():
+    local = {**RESTART, "job": {**RESTART["job"], "id": "", "step": "", "run_id": "local-9-1"}}
+    t = layout(local)
+    assert t.title.startswith("local job local-9-1: succeeded"), t.title
+    assert "job 42 (step 0)" in layout(RESTART).title  # a scheduler's job keeps its ids
+    long_host = "h" * 120  # a lane label and a late attempt's text as long as a host can be
+    t = layout(RESTART)
+    t = dataclasses.replace(t, title="x" * 400, lanes=(f"rank 0 · {long_host}", *t.lanes[1:]))
+    root = ET.fromstring(svg(t))
+    width = float(root.get("width"))
+    for text in root.iter(f"{SVG}text"):
+        words = "".join(text.itertext())
+        x = float(text.get("x", 0))
+        size = float(text.get("font-size", 11))
+        drawn = len(words) * 6.5 * size / 11  # the widest a character is drawn, on average
+        left, right = (x - drawn, x) if text.get("text-anchor") == "end" else (x, x + drawn)
+        if text.get("text-anchor") == "middle":
+            left, right = x - drawn / 2, x + drawn / 2
+        assert left >= 0 and right <= width, (words, left, right)

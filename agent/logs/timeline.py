@@ -241,8 +241,15 @@ def layout(summary: Mapping[str, Any], seatings: Sequence[Any] = ()) -> Timeline
         shades += [Shade(lane, start, max(start, end), text) for lane in sorted(set(on))]
     labels = tuple(_lane_label(lane, unit, group, hosts.get(lane, [])) for lane in range(lanes))
     status = _text(summary.get("status")) or "?"
+    # a job without a scheduler has no job or step id: its run id (`local-<time>-<pid>`) is
+    # what every command takes
+    named = (
+        f"job {_text(job.get('id'))} (step {_text(job.get('step')) or '-'})"
+        if _text(job.get("id"))
+        else f"local job {_text(job.get('run_id')) or '?'}"
+    )
     title = (
-        f"job {_text(job.get('id')) or '?'} (step {_text(job.get('step')) or '-'}): {status}, "
+        f"{named}: {status}, "
         f"exit {_text(summary.get('exit_code'))}, {len(attempts)} attempt(s), "
         f"{nodes} node(s), {most_ranks} rank(s)"
     )
@@ -322,6 +329,8 @@ def _lane_label(lane: int, unit: str, group: int, hosts: list[str]) -> str:
 # -- drawing ---------------------------------------------------------------------------------
 WIDTH = 1200
 LEFT = 230  # the lane labels
+CHAR = 6.5  # the widest a character of 11 px sans-serif is drawn, on average, in pixels
+LABEL_CHARS = int((LEFT - 10) / CHAR)  # a lane label ends at LEFT - 6: this many fit before 0
 RIGHT = 20
 TOP = 70
 
@@ -343,7 +352,8 @@ def svg(t: Timeline) -> str:
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height}" '
         f'viewBox="0 0 {WIDTH} {height}" font-family="sans-serif" font-size="11">',
         f'<rect x="0" y="0" width="{WIDTH}" height="{height}" fill="#ffffff"/>',
-        f'<text x="10" y="20" font-size="14" font-weight="bold">{_esc(t.title)}</text>',
+        f'<text x="10" y="20" font-size="14" font-weight="bold">'
+        f"{_esc(_cut(t.title, int((WIDTH - 20) / (CHAR * 14 / 11))))}</text>",
     ]
     for i, band in enumerate(t.bands):  # attempts side by side; a restart is a dashed line
         x0, x1 = x(band.start), x(band.end)
@@ -352,7 +362,8 @@ def svg(t: Timeline) -> str:
             f'<g class="attempt" data-attempt="{band.attempt}"><title>{_esc(band.text)}</title>'
             f'<rect x="{x0:.1f}" y="{TOP - 30}" width="{max(x1 - x0, 1):.1f}" '
             f'height="{plot_h + 30}" fill="{fill}"/>'
-            f'<text x="{x0 + 2:.1f}" y="{TOP - 18 + 10 * (i % 2)}">{_esc(_cut(band.text, 90))}</text>'
+            f'<text x="{x0 + 2:.1f}" y="{TOP - 18 + 10 * (i % 2)}">'
+            f"{_esc(_cut(band.text, min(90, int((WIDTH - x0 - 6) / CHAR))))}</text>"
             "</g>"
         )
         if i:
@@ -375,7 +386,7 @@ def svg(t: Timeline) -> str:
         y = TOP + lane * lane_h + lane_h / 2 + size * 0.35
         out.append(
             f'<text x="{LEFT - 6}" y="{y:.1f}" text-anchor="end" font-size="{size}"{style}>'
-            f"{_esc(_cut(label, 40))}</text>"
+            f"{_esc(_cut(label, LABEL_CHARS))}</text>"
         )
     for bar in t.bars:
         y = TOP + bar.lane * lane_h + 2
@@ -470,6 +481,8 @@ def _esc(text: str) -> str:
 
 
 def _cut(text: str, limit: int) -> str:
+    if limit < 1:
+        return ""
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
