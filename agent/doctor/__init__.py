@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from agent.doctor.advice import advise
 from agent.doctor.facts import Gid, read_facts
+from agent.run.leftovers import DEVICE_ROOT_ENV, LeftoverAudit
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -27,6 +28,15 @@ def main(
     parser.add_argument(
         "--sysfs-root", type=Path, default=root, help="the directory holding sys/ (default: /)"
     )
-    facts = read_facts(parser.parse_args(argv).sysfs_root, env)
-    render(facts, advise(facts), console or Console())
+    parser.add_argument(
+        "--device-root",
+        default=env.get(DEVICE_ROOT_ENV) or "/dev",
+        help="where the NVIDIA device files are (default: /dev)",
+    )
+    args = parser.parse_args(argv)
+    facts = read_facts(args.sysfs_root, env)
+    # Who holds this node's GPUs now (a job's leftovers, another user's process): the driver's
+    # daemons left out; another user's open files only where /proc lets us read them (root).
+    holders = LeftoverAudit("", None, args.device_root).scan().foreign
+    render(facts, advise(facts), console or Console(), holders)
     return 0

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from rich.console import Console
 from rich.table import Table
 
 from agent.doctor.advice import Advice
 from agent.doctor.facts import Facts
 from agent.plan.rank_set import format_ranges
+from agent.run.leftovers import Holder
 
 
 def _table(title: str, *columns: str) -> Table:
@@ -39,7 +42,14 @@ def _tables(facts: Facts) -> list[Table]:
     return [t for t in (gpus, nodes, nics, ports) if t.row_count]
 
 
-def render(facts: Facts, advice: Advice, console: Console) -> None:
+def holders_line(holders: Sequence[Holder]) -> str:
+    """`GPU holders now: pid 412 (D state, user bob) holds /dev/nvidia0: python train.py; ...`"""
+    if not holders:
+        return "GPU holders now: none"
+    return "GPU holders now: " + "; ".join(h.line() for h in holders[:20])
+
+
+def render(facts: Facts, advice: Advice, console: Console, holders: Sequence[Holder] = ()) -> None:
     allowed = facts.topology.allowed_cpus
     for table in _tables(facts):
         console.print(table)
@@ -58,5 +68,6 @@ def render(facts: Facts, advice: Advice, console: Console) -> None:
     for s in advice.suggestions:
         lines.append(f"Suggest: {'export ' if '=' in s.setting else ''}{s.setting}  # {s.why}")
     lines += [f"Note: {note}" for note in advice.notes]
+    lines.append(holders_line(holders))
     for line in lines:
         console.print(line, markup=False, highlight=False, soft_wrap=True)

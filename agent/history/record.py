@@ -29,6 +29,7 @@ class AttemptRecord:
     lost_nodes: tuple[int, ...]
     cause: str | None  # this attempt's root cause, one line
     failure_class: str | None = None  # program | infrastructure (agent.run.failure_class)
+    held: str | None = None  # GPUs still held after it: `HOST: GPUs still held by pid N (...)`
 
 
 @dataclass(frozen=True)
@@ -111,7 +112,18 @@ def attempt_record(attempt: Mapping[str, Any], position: int) -> AttemptRecord:
         lost_nodes=tuple(_int(n, -1) for n in _list(attempt.get("lost_nodes"))[:1000]),
         cause=cause_line(attempt.get("root_cause")),
         failure_class=_failure_class(attempt.get("failure")),
+        held=_held(attempt.get("leftovers")),
     )
+
+
+def _held(leftovers: Any) -> str | None:
+    """The nodes an attempt left unusable (agent.run.leftovers' reason), one line."""
+    lines = [
+        f"{_text(n.get('host'), 256)}: {_text(n.get('reason'), 300)}"
+        for n in _list(leftovers)[:100]
+        if _is_map(n) and n.get("unusable")
+    ]
+    return "; ".join(lines)[:TEXT_CAP] or None
 
 
 def cause_line(cause: Any) -> str | None:

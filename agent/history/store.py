@@ -55,7 +55,7 @@ _ADDED = {
     "max_restarts": "INTEGER",
     "max_infra_restarts": "INTEGER",
 }
-_ADDED_TO_ATTEMPTS = {"failure_class": "TEXT"}  # the same, for `attempts`
+_ADDED_TO_ATTEMPTS = {"failure_class": "TEXT", "held": "TEXT"}  # the same, for `attempts`
 
 
 @dataclass(frozen=True)
@@ -177,11 +177,13 @@ def _append_once(path: Path, record: JobRecord, cap: int, busy: float) -> None:
         ).lastrowid  # fmt: skip
         con.executemany(
             "INSERT INTO attempts (job, attempt, start_time, end_time, nodes, ranks, failed, "
-            "spares, lost_nodes, cause, failure_class) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "spares, lost_nodes, cause, failure_class, held) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             [
                 (
                     job, a.attempt, a.start, a.end, a.nodes, a.ranks, a.failed,
                     json.dumps(a.spares), json.dumps(a.lost_nodes), a.cause, a.failure_class,
+                    a.held,
                 )
                 for a in _unique(record.attempts)
             ],
@@ -380,7 +382,8 @@ def _attempts(
     """The attempts of the jobs `keys` name, and how many of their rows were skipped."""
     found: dict[int, list[AttemptRecord]] = {}
     skipped = 0
-    added = "failure_class" if "failure_class" in _columns(con, "attempts") else "NULL"
+    have = _columns(con, "attempts")
+    added = ", ".join(c if c in have else "NULL" for c in _ADDED_TO_ATTEMPTS)
     for at in range(0, len(keys), 500):  # SQLite's bound on the variables of one statement
         chunk = keys[at : at + 500]
         for row in con.execute(
@@ -413,7 +416,7 @@ def _map(text: object) -> dict | None:
 
 def _attempt_from_row(row: Sequence[object]) -> AttemptRecord | None:
     """An attempts row (from `attempt` on); None when its number does not fit."""
-    attempt, start, end, nodes, ranks, failed, spares, lost_nodes, cause, failure_class = row
+    attempt, start, end, nodes, ranks, failed, spares, lost_nodes, cause, failure_class, held = row
     if not _is_int(attempt):
         return None
     lost = tuple(n for n in _json(lost_nodes) if _is_int(n))
@@ -421,6 +424,7 @@ def _attempt_from_row(row: Sequence[object]) -> AttemptRecord | None:
         attempt, _time(start), _time(end), _count(nodes), _count(ranks), _count(failed),  # type: ignore[arg-type]
         _texts(spares), lost, _text(cause) or None,
         failure_class if failure_class in ("program", "infrastructure") else None,
+        _text(held) or None,
     )  # fmt: skip
 
 

@@ -175,6 +175,9 @@ def job_facts(stored: Stored) -> list[str]:
         lines.append(f"  spares used: {safe(', '.join(r.spares_used), 1000)}")
     if r.stragglers:
         lines.append(f"  stragglers: {safe(', '.join(r.stragglers), 1000)}")
+    for a in r.attempts:  # a node its last ranks left unusable (agent.run.leftovers)
+        if a.held:
+            lines.append(f"  after attempt {a.attempt}: {safe(a.held, 1000)}")
     return lines
 
 

@@ -30,6 +30,7 @@ from agent.plan.roster import Roster, seated
 from agent.plan.run_plan import seat_specs
 from agent.run import workers
 from agent.run.coordinator import Coordinator
+from agent.run.leftovers import MARKER, node_audit
 from agent.run.pace import PaceWatch
 from agent.run.prepare import Prepared
 from agent.run.supervisor import Outcome, Supervisor
@@ -197,13 +198,21 @@ class NodeAttempt:
         outcome.warnings += console.router.losses()
         outcome.progressed = console.router.progressed()
         keep = tools.warm.pids() if tools.warm is not None else ()
-        escaped = workers.reap_escaped(min(plan.options.grace, 5.0), keep)
-        if escaped:
+        marker = specs[0].env.get(MARKER) if specs else None
+        audit = node_audit(world.host, marker, self.environ)
+        outcome.leftovers = left = audit.run(min(plan.options.grace, 5.0), keep)
+        if left.killed:
+            pids = ", ".join(str(h.pid) for h in left.killed[:20])
             outcome.warnings.append(
-                f"{len(escaped)} process(es) left behind by ranks on {world.host} were cleaned "
-                f"up (pids {', '.join(map(str, escaped[:20]))})"
+                f"{len(left.killed)} process(es) left behind by ranks on {world.host} were "
+                f"cleaned up (pids {pids})"
             )
             log.warning("%s", outcome.warnings[-1])
+        for holder in left.stays[:20]:
+            outcome.warnings.append(f"still on {world.host} after the attempt: {holder.line()}")
+            log.warning("%s", outcome.warnings[-1])
+        if left.unusable:
+            log.error("%s: %s; it cannot run another attempt", world.host, left.reason())
         return outcome
 
 

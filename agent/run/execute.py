@@ -32,6 +32,7 @@ from agent.run.attempt import NodeAttempt
 from agent.run.bounded_wait import await_verdict, results_with_own
 from agent.run.coordinator import Coordination, Coordinator
 from agent.run.failure_class import AttemptFailure
+from agent.run.leftovers import Leftovers
 from agent.run.lineup import Lineup, seating
 from agent.run.prepare import Prepared, replanned
 from agent.run.roll_call import RollCall
@@ -71,6 +72,8 @@ class Run:
         self.seatings: list[dict[str, Any]] = []  # node 0: ranks.json
         self.attempt: NodeAttempt | None = None  # this node's share of the running attempt
         self.coordinator: Coordinator | None = None  # node 0: the attempt's job services
+        # This node's GPUs still held after its last attempt: its next health check says so.
+        self.held: Leftovers | None = None
         # Out for the rest of the job: nodes excluded in earlier runs (resident).
         self._excluded = {e.agent: e.why for e in roster.excluded} if roster else {}
 
@@ -119,7 +122,8 @@ class Run:
         while True:
             stages.enter(self.stage.at(attempt))
             self.metrics.attempt_started(attempt)
-            call = RollCall(seat, self.tools, prepared, roster, attempt, self._scope(f"l{attempt}"))
+            rounds = self._scope(f"l{attempt}")
+            call = RollCall(seat, self.tools, prepared, roster, attempt, rounds, self.held)
             lineup = call.lineup(self.lost)
             self.roster = roster = lineup.roster
             if leader:
@@ -158,6 +162,8 @@ class Run:
                         coordinator,
                     )
                     outcome = self.attempt.run(lineup.port, roster)
+                    left = outcome.leftovers
+                    self.held = left if left is not None and left.unusable else None
                     if outcome.store_lost:
                         log.error("%s", outcome.store_lost)
                         return _signal_code(outcome) or int(ExitCode.RENDEZVOUS)
@@ -356,7 +362,13 @@ def _result(outcome: Outcome) -> dict[str, Any]:
         "warnings": outcome.warnings,
         "failure": outcome.failure,
         "progressed": outcome.progressed,
+        **({"leftovers": outcome.leftovers.to_json()} if _worth(outcome.leftovers) else {}),
     }
+
+
+def _worth(leftovers: Leftovers | None) -> bool:
+    """A node's audit goes into its result when it ended or found something."""
+    return leftovers is not None and bool(leftovers.killed or leftovers.stays)
 
 
 # Keys a failure in a run's scope sets, to wake who waits on them: an attempt's (`a<k>`) have

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import Any
 
 from agent.errors import AgentError, ExitCode
@@ -16,6 +17,7 @@ from agent.plan.run_plan import node_layout
 from agent.run.bounded_wait import await_sealed, lineup_limit, node0_over
 from agent.run.gpu_faults import gpu_faults
 from agent.run.health import Health, HealthCheck, examine
+from agent.run.leftovers import LeftoverAudit, Leftovers, node_audit
 from agent.run.lineup import (
     REPORT_SLACK,
     Lineup,
@@ -43,9 +45,11 @@ class RollCall:
         roster: Roster,  # the last lineup's
         attempt: int,
         scope: Scope,  # the round's keys (r<run>/l<attempt>)
+        held: Leftovers | None = None,  # this node's GPUs still held after its last attempt
     ) -> None:
         self.seat, self.tools, self.prepared = seat, tools, prepared
         self.roster, self.attempt, self.scope = roster, attempt, scope
+        self.held = held
 
     def lineup(self, lost: Callable[[], Mapping[int, str]]) -> Lineup:
         """Who runs this attempt. It is entered first, so that a stop signal or a failure
@@ -84,9 +88,21 @@ class RollCall:
 
         check = HealthCheck(plan.log_dir, pcis, o.min_free_mib, o.health_check, o.health_timeout)
         health = examine(check, present, lambda: gpu_faults(pcis), seat.environ, plan.cwd, over)
+        if self.held is not None:  # held after the last attempt: still? (one more look)
+            now = self.audit().still_held(self.held, self._keep())
+            if now.unusable:
+                health = replace(health, problems=(*health.problems, now.reason()))
         if not health.ok:
             log.error("%s failed its health check: %s", seat.world.host, "; ".join(health.problems))
         return health
+
+    def audit(self) -> LeftoverAudit:
+        # The pids are known: no marker needed to tell the job's own from another's.
+        return node_audit(self.seat.world.host, None, self.seat.environ)
+
+    def _keep(self) -> tuple[int, ...]:
+        warm = self.tools.warm
+        return tuple(warm.pids()) if warm is not None else ()
 
     def _decide(self, lost: Callable[[], Mapping[int, str]]) -> Lineup:
         """Node 0: who is out and why, who takes whose place, a new plan for a smaller world."""

@@ -17,6 +17,7 @@ from agent.node.stage import Stage
 from agent.plan.ranks import RankSpec
 from agent.run import workers as w
 from agent.run.binding_check import BindingCheck
+from agent.run.leftovers import Leftovers
 from agent.run.summary import RankExit, failure_record, node_failure
 
 log = logging.getLogger("agent")
@@ -32,6 +33,7 @@ class Outcome:
     refused: str | None = None
     warnings: list[str] = field(default_factory=list)
     progressed: bool = False  # a rank printed a --progress-regex line in this attempt
+    leftovers: Leftovers | None = None  # what the ranks left on the node (agent.run.leftovers)
 
 
 class Supervisor:

@@ -82,6 +82,8 @@ def judge(
         "ranks": sorted(ranks, key=lambda e: e["rank"]),
         "lost_nodes": [r["node"] for r in lost],
         "warnings": [w for r in results for w in r.get("warnings") or []][:1000],
+        # what each node's audit ended or found still holding it (agent.run.leftovers)
+        "leftovers": [dict(r["leftovers"]) for r in results if r.get("leftovers")][:1000],
         **({"failure": failure.to_json()} if failure is not None else {}),
     }
     verdict = Verdict(int(code), restart, cause, record, failure)

@@ -10,7 +10,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -237,27 +237,3 @@ def become_subreaper() -> bool:
         return libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
     except (OSError, AttributeError):
         return False
-
-
-def reap_escaped(grace: float, keep: Collection[int] = ()) -> list[int]:
-    """After an attempt: every process still descending from the agent escaped its rank
-    (but `keep`: the warm interpreter, idle between runs). Those that exit by themselves within
-    `grace` seconds are let be (Python's resource_tracker ends when its rank's pipe closes, and
-    ignores SIGTERM); the rest get SIGTERM, up to `grace` seconds, then SIGKILL; all reaped.
-    Returns the pids of those that had to be ended."""
-    try:
-        left = [p for p in psutil.Process().children(recursive=True) if p.pid not in keep]
-    except psutil.Error:
-        return []
-    if not left:
-        return []
-    _, left = psutil.wait_procs(left, timeout=grace)
-    for proc in left:
-        with contextlib.suppress(psutil.Error):
-            proc.terminate()
-    _, alive = psutil.wait_procs(left, timeout=grace)
-    for proc in alive:
-        with contextlib.suppress(psutil.Error):
-            proc.kill()
-    psutil.wait_procs(alive, timeout=2.0)
-    return [p.pid for p in left]
