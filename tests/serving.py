@@ -71,9 +71,11 @@ class Serving:
     ) -> subprocess.Popen:
         full = self.shell_env()
         full.update(env or {})
+        kw.setdefault("stdout", subprocess.PIPE)
+        kw.setdefault("stderr", subprocess.PIPE)
         return subprocess.Popen(
             [sys.executable, "-m", "agent", *args], env=full, cwd=cwd or self.tmp,
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, **kw,
+            stdin=subprocess.DEVNULL, **kw,
         )  # fmt: skip
 
     def call(self, *args: str, timeout: float = 120.0, **kw) -> subprocess.CompletedProcess:

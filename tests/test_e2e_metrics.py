@@ -44,6 +44,11 @@ def _url(agent) -> str | None:
     return found.group(1) if found else None
 
 
+def _said_url(path) -> str | None:
+    found = URL.search(path.read_text(errors="replace"))
+    return found.group(1) if found else None
+
+
 def test_metrics_during_a_job_and_metrics_prom_at_its_end(cluster_factory):
     cluster = cluster_factory(2).start(
         ["--nproc-per-node", "2", "--progress-regex", STEP, "--metrics-port", "0",
@@ -195,18 +200,19 @@ def test_a_resident_node_zero_gives_back_each_runs_descriptors(tmp_path):
         node0 = psutil.Process(serving.agents[0].proc.pid)
         baseline = node0.num_fds()
         for run in range(3):
-            done = tmp_path / f"done-{run}"
-            client = serving.client(
-                "run", "--metrics-port", "0", FIXTURE, "--until-file", str(done)
-            )
-            url = wait_for(lambda: _url(serving.agents[0]), 60, "the run's /metrics URL")
+            done, said = tmp_path / f"done-{run}", tmp_path / f"client-{run}.out"
+            with open(said, "wb") as out:  # node 0's lines reach the run's client, not its stderr
+                client = serving.client(
+                    "run", "--metrics-port", "0", FIXTURE, "--until-file", str(done),
+                    stdout=out, stderr=out,
+                )  # fmt: skip
+            url = wait_for(lambda said=said: _said_url(said), 60, "the run's /metrics URL")
             flood = _idle_flood(url, 100)
             done.touch()
             assert client.wait(60) == 0, serving.dump()
             wait_for(lambda: node0.num_fds() == baseline, 10, f"{baseline} descriptors again")
             for sock in flood:
                 sock.close()
-            serving.agents[0].err.write_text("")  # the next run's URL is the only one
         assert serving.call("down", timeout=60).returncode == 0
     finally:
         serving.kill()

@@ -13,6 +13,7 @@ import sys
 import pytest
 
 from agent.hang.nccl_dumps import DUMP_LIMIT, dump_findings, read_dump, recorder_of, recorders
+from agent.hang.plain_data import NotPlainData, plain_data
 
 MAKE_DUMP = """
 import sys, torch, torch.distributed as dist
@@ -91,3 +92,40 @@ def test_a_file_that_is_not_a_dump_of_ours_is_skipped(tmp_path, torch_dump, make
     make(path, torch_dump)
     assert read_dump(str(path)) is None
     assert recorders(str(tmp_path), 0) == {}
+
+
+PLAIN = {"a": [1, -2, 2**70, 1.5, None, True, False], "t": ("x", b"y"), (1, 2): {"s": {3}},
+         "f": frozenset({4}), "u": "é" * 300, "big": list(range(2000))}  # fmt: skip
+
+
+BASIC = {k: v for k, v in PLAIN.items() if k not in ("t", (1, 2), "f")}
+
+
+@pytest.mark.parametrize("protocol", range(0, pickle.HIGHEST_PROTOCOL + 1))
+def test_plain_data_decodes_every_protocol_without_unpickling(protocol):
+    """Protocols before 4 spell bytes and sets through a class (refused); torch's dumps hold
+    none of them (dicts, lists, tuples, strings, numbers: see the dump made above)."""
+    assert plain_data(pickle.dumps(BASIC, protocol=protocol)) == BASIC
+    if protocol >= 4:
+        assert plain_data(pickle.dumps(PLAIN, protocol=protocol)) == PLAIN
+
+
+class _Evil:
+    def __reduce__(self):
+        return (os.system, ("true",))
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        pickle.dumps(_Evil()),  # REDUCE of os.system
+        pickle.dumps(collections.OrderedDict(a=1)),  # a class found
+        pickle.dumps(os.getcwd, protocol=0),  # GLOBAL
+        b"\x80\x04K\x01",  # no STOP
+        b"garbage",
+    ],
+    ids=["reduce", "class", "global", "truncated", "garbage"],
+)
+def test_plain_data_refuses_anything_that_is_not(payload):
+    with pytest.raises(NotPlainData):
+        plain_data(payload)

@@ -7,23 +7,23 @@ time anyone asks: their dumps are all that says which collective each was in. No
 attempt's dumps at its verdict (`recorders`) into the typed `RankRecorder` the probes give, so
 agent.hang.collectives collates them alike.
 
-A dump is a pickle of plain data (dicts, lists, tuples, strings, numbers). It is read with an
-unpickler that refuses every class — a file that names one is no dump of torch's and is skipped
-— only from regular files this user owns (not through a link), at most DUMP_LIMIT bytes each.
+A dump is a pickle of plain data (dicts, lists, tuples, strings, numbers). It is never
+unpickled: agent.hang.plain_data decodes plain data opcode by opcode and refuses the rest — a
+file that names a class is no dump of torch's and is skipped — only from regular files this
+user owns (not through a link), at most DUMP_LIMIT bytes each.
 """
 
 from __future__ import annotations
 
-import io
 import json
 import logging
 import os
-import pickle
 import re
 import stat
 from collections.abc import Mapping
 from typing import Any
 
+from agent.hang.plain_data import NotPlainData, plain_data
 from agent.hang.recorder import RankRecorder
 from agent.plan.ranks import FR_DUMP_PREFIX
 
@@ -31,13 +31,6 @@ log = logging.getLogger("agent")
 DUMP_LIMIT = 32 << 20  # bytes: 2,000 entries with their frames are a few MB
 TAIL = 4  # entries per process group kept, as the probe sends them
 MAX_DUMPS = 65536  # files read per attempt at most
-
-
-class _PlainData(pickle.Unpickler):
-    """Dicts, lists, tuples, strings, numbers, None and booleans; never a class or a call."""
-
-    def find_class(self, module: str, name: str) -> Any:
-        raise pickle.UnpicklingError(f"a dump names {module}.{name}: not plain data")
 
 
 def recorders(log_dir: str, attempt: int) -> dict[int, RankRecorder]:
@@ -76,8 +69,8 @@ def read_dump(path: str) -> Mapping[str, Any] | None:
         log.warning("NCCL dump %s skipped: over %d MiB", path, DUMP_LIMIT >> 20)
         return None
     try:
-        trace = _PlainData(io.BytesIO(data)).load()
-    except Exception as exc:  # anything a bad pickle raises: not a dump we can read
+        trace = plain_data(data)
+    except NotPlainData as exc:
         log.warning("NCCL dump %s skipped: %s", path, str(exc)[:200])
         return None
     return trace if isinstance(trace, dict) else None

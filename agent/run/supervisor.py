@@ -241,7 +241,7 @@ class Supervisor:
 
     def _check_hangs(self) -> None:
         now = time.monotonic()
-        quiet_for = self.quiet_for()
+        quiet_for = self.quiet_for() if self.hang is not None else None
         if self.hang is not None and quiet_for is not None and self._deadline is None:
             self.hang.tick(quiet_for)  # node 0's coordinator judges (agent.run.coordinator)
         paused = self.paused()  # silent by choice: no --hang-warning for them
