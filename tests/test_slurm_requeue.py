@@ -88,7 +88,8 @@ def test_requeue_checkpoints_on_usr2_and_resumes(slurm, tmp_path):
             interval=0.2,
         )
         # Slurm holds a requeued job back until the old run's credential has expired
-        # (EligibleTime = requeue + ~121 s; starting it sooner fails it: "credential revoked").
+        # (EligibleTime = requeue + cred_expire + 1 s: 11 s with scripts/slurm's AuthInfo, 121 s
+        # by default; starting it sooner fails it: "credential revoked").
         # Wait that out, then have the scheduler look at it at once instead of on its next pass.
         eligible = datetime.fromisoformat(job_state(job)["EligibleTime"])
         wait_for(lambda: datetime.now() > eligible, 150, f"EligibleTime {eligible}", interval=0.5)

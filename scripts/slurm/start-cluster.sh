@@ -178,7 +178,12 @@ KillWait=5
 MinJobAge=300
 MailProg=/bin/true
 EOF
-  [[ "$MUNGE_SOCKET" == "$DEFAULT_MUNGE_SOCKET" ]] || echo "AuthInfo=socket=$MUNGE_SOCKET"
+  # cred_expire: how long a requeued job is held back (default 120 s; the requeue test waits it)
+  if [[ "$MUNGE_SOCKET" == "$DEFAULT_MUNGE_SOCKET" ]]; then
+    echo "AuthInfo=cred_expire=10"
+  else
+    echo "AuthInfo=socket=$MUNGE_SOCKET,cred_expire=10"
+  fi
   [[ "$GPUS" -gt 0 ]] && echo "GresTypes=gpu"
   for i in $(seq 1 "$NODES"); do
     echo "NodeName=${PREFIX}$i NodeHostname=localhost NodeAddr=127.0.0.1 Port=$((SLURMD_PORT + i - 1)) CPUs=$CPUS RealMemory=$MEM_MB $gres State=UNKNOWN"
