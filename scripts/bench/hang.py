@@ -156,7 +156,8 @@ def one_job(
     log_dir = launchers.ours_log_dir(work, tag)
     world, lone = nodes * NPROC, nodes * NPROC - 1
     marker = f"{c.RUN_ID}-{tag}"
-    extra = ["--hang-timeout", f"{HANG_TIMEOUT:g}"]
+    # one hang, then the verdict: a hang is an infrastructure failure, restarted 3 times by default
+    extra = ["--hang-timeout", f"{HANG_TIMEOUT:g}", "--max-infra-restarts", "0"]
     prog = [c.program("hang_rank"), str(where)]
     cmds = launchers.ours(nodes, NPROC, prog, work, tag, extra, {JOB_MARK: marker})
     result: dict[str, Any] = {"nodes": nodes, "rep": rep, "ok": False, "stacks": []}
