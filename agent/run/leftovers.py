@@ -247,6 +247,9 @@ def snapshot(
     vanishes or cannot be read is skipped, or kept with what could be read."""
     root = os.path.realpath(device_root).rstrip("/") + "/"
     contexts = gpu_holders()
+    # no NVIDIA device file on this node: nobody can hold one, and the fd walk (most of the
+    # audit's cost, on the teardown's path) is skipped
+    with_devices = _any_device(root)
     found: list[Proc] = []
     pids: list[int] = []
     with contextlib.suppress(OSError):
@@ -263,7 +266,7 @@ def snapshot(
         fields = stat[stat.rfind(b")") + 2 :].split()
         status = _STATES.get(fields[0].decode(), "?") if fields else "?"
         ppid = int(fields[1]) if len(fields) > 1 else 0
-        devices = _devices(base, root) + contexts.get(pid, ())
+        devices = (_devices(base, root) if with_devices else ()) + contexts.get(pid, ())
         marker = _marker(base) if marker_of(uid) else None
         command = _command(base) if devices or marker is not None else ""
         found.append(Proc(pid, ppid, uid, status, command, marker, devices))
@@ -271,6 +274,13 @@ def snapshot(
         if not any(p.pid == pid for p in found):  # pid namespace): held all the same
             found.append(Proc(pid, 0, -1, "?", "", None, gpus))
     return found
+
+
+def _any_device(root: str) -> bool:
+    try:
+        return any(DEVICE_NAME.fullmatch(name) for name in os.listdir(root))
+    except OSError:
+        return False
 
 
 def _devices(base: str, root: str) -> tuple[str, ...]:
