@@ -176,8 +176,11 @@ class NodeAttempt:
                     log.info(
                         "attempt %d: %d of %d ranks forked warm", attempt, forked, len(started)
                     )
-                restarts = plan.options.max_restarts + plan.options.max_infra_restarts
-                if warm.resident or attempt < restarts:  # another attempt may come
+                # Prepared for the restarts the user asked for (--max-restarts), not for the
+                # default infrastructure budget: that would cost every node of every one-shot
+                # job a torch import in the background (and the teardown its end) for a rare
+                # lost node or hang, which restarts cold.
+                if warm.resident or attempt < plan.options.max_restarts:
                     warm.ensure(self.environ)  # for the next attempt or run, once ours started
             console.started(started)
             self.metrics.ranks_started(attempt, plan.world_size)
