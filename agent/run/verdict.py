@@ -109,17 +109,8 @@ def _guard_same(
     if not (failure.program and before.program and failure.signature == before.signature):
         return verdict
     assert failure.signature is not None
-    cause: dict[str, Any] = {
-        "kind": "same_failure",
-        "how": f"the same failure twice: {failure.signature.text()}; not restarting",
-        "attempts": [attempt - 1, attempt],
-    }
-    if verdict.root_cause:
-        cause["failure"] = dict(verdict.root_cause)
-    record = {**verdict.record, "root_cause": cause}
-    return replace(
-        verdict, code=int(ExitCode.NO_PROGRESS), restart=False, root_cause=cause, record=record
-    )
+    how = f"the same failure twice: {failure.signature.text()}; not restarting"
+    return _called_off(verdict, "same_failure", how, [attempt - 1, attempt])
 
 
 def tampered(cause: Mapping[str, Any] | None) -> bool:
@@ -136,11 +127,14 @@ def guard_loop(verdict: Verdict, progressed: Sequence[bool]) -> Verdict:
     if not verdict.restart or len(progressed) < 2 or any(progressed[-2:]):
         return verdict
     k = len(progressed) - 1
-    cause: dict[str, Any] = {
-        "kind": "no_progress",
-        "how": f"no progress in attempts {k - 1} and {k}; not restarting",
-        "attempts": [k - 1, k],
-    }
+    how = f"no progress in attempts {k - 1} and {k}; not restarting"
+    return _called_off(verdict, "no_progress", how, [k - 1, k])
+
+
+def _called_off(verdict: Verdict, kind: str, how: str, attempts: list[int]) -> Verdict:
+    """A restart called off (exit 5): the guard is the root cause, the attempt's own failure
+    kept under "failure"."""
+    cause: dict[str, Any] = {"kind": kind, "how": how, "attempts": attempts}
     if verdict.root_cause:
         cause["failure"] = dict(verdict.root_cause)
     record = {**verdict.record, "root_cause": cause}
