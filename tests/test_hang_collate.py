@@ -122,6 +122,11 @@ def shape(groups: list[Group]) -> list[tuple]:
             id="active threads in any order, any name",
         ),
         pytest.param(
+            [rs(0, STEP, th(fr("loads", THREADING), name="agent-probe")), rs(1, STEP)],
+            [((0, 1), "py-spy", None, "step")],
+            id="the agent's probe thread caught mid-answer sets no rank apart",
+        ),
+        pytest.param(
             [
                 rs(0, th(fr("poll"), name="w", idle=True)),
                 rs(1, th(fr("poll", line=2), name="w", idle=True)),

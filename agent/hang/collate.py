@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import hostlist
 
-from agent.hang.stacks import MAIN_THREAD, Frame, RankStack, ThreadStack
+from agent.hang.stacks import MAIN_THREAD, PROBE_THREAD, Frame, RankStack, ThreadStack
 from agent.plan.rank_set import format_ranges
 
 MAX_RENDER = 200 << 10  # bytes of rendered text
@@ -65,8 +65,12 @@ def own_frames(frames: Sequence[Frame]) -> Sequence[Frame]:
 
 
 def significant(threads: Sequence[ThreadStack]) -> list[ThreadStack]:
-    """Threads that decide a group: active ones and the main thread (all, when none is)."""
-    chosen = [t for t in threads if not t.idle or t.name == MAIN_THREAD]
+    """Threads that decide a group: active ones and the main thread (all, when none is). The
+    agent's probe thread never does: it is active exactly while it answers the agent, so a
+    dump that catches it mid-answer would set that rank apart from its peers."""
+    chosen = [
+        t for t in threads if t.name != PROBE_THREAD and (not t.idle or t.name == MAIN_THREAD)
+    ]
     return chosen or list(threads)
 
 

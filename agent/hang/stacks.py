@@ -16,6 +16,9 @@ MAX_THREADS = 64
 MAX_FRAMES = 256  # the innermost ones are kept
 MAX_TEXT = 512
 MAIN_THREAD = "MainThread"  # threading's name for it; faulthandler dumps get it too
+# The thread the agent's probe (hang/probe/sitecustomize.py) runs in every rank: the agent's own,
+# busy only while it answers the agent, so never a reason to tell ranks apart.
+PROBE_THREAD = "agent-probe"
 METHODS = ("py-spy", "py-spy --native", "faulthandler", "none")
 
 
