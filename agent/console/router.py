@@ -17,10 +17,19 @@ import queue
 import selectors
 import threading
 import time
-from typing import Any, BinaryIO
+from typing import Any, Protocol
 
 from agent.console.stream import StepClock, Stream, StreamState
 from agent.plan.options import ProgressPattern
+
+
+class ConsoleSink(Protocol):
+    """Where the console's bytes go: a binary stream, the live table, a resident client."""
+
+    def write(self, data: bytes, /) -> int: ...
+
+    def flush(self) -> None: ...
+
 
 _READ = 1 << 20
 _PIPE_SIZE = 1 << 20  # a chatty rank then blocks and wakes us 16x less often than with 64 KiB
@@ -33,8 +42,8 @@ PALETTE = (36, 33, 32, 35, 34, 31, 96, 93, 92, 95, 94, 91)  # ANSI colours, one 
 class LogRouter:
     def __init__(
         self,
-        console_out: BinaryIO,
-        console_err: BinaryIO,
+        console_out: ConsoleSink,
+        console_err: ConsoleSink,
         console_depth: int = 2048,
         progress: ProgressPattern | None = None,
     ) -> None:

@@ -50,8 +50,8 @@ class TopRow:
         """A row from an answer (another node's: checked, never trusted); None if malformed."""
         if not isinstance(value, dict):
             return None
-        rank, pid, step = value.get("rank"), value.get("pid"), value.get("step")
-        if not (_int(rank) and _int(pid) and (step is None or _int(step))):
+        rank, pid, step = _int(value.get("rank")), _int(value.get("pid")), value.get("step")
+        if rank is None or pid is None or not (step is None or _int(step) is not None):
             return None
         host, state = value.get("host"), value.get("state")
         if not isinstance(host, str) or not isinstance(state, str):
@@ -219,8 +219,8 @@ def table(rows: Sequence[TopRow], caption: str = "") -> Any:
     return drawn
 
 
-def _int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+def _int(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def _number(value: object) -> float | None:

@@ -123,7 +123,8 @@ def read_facts(root: Path, env: Mapping[str, str], allowed: frozenset[int] | Non
     real = root == Path("/")
     nvml = load_nvml() if real else None
     topology = read_topology(root, allowed, nvml)
-    selected, error = (), ""
+    selected: tuple[Gpu, ...] = ()
+    error = ""
     try:
         selected = select_gpus(topology, parse_visible(env.get("CUDA_VISIBLE_DEVICES")), nvml)
     except AgentError as failure:

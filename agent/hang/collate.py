@@ -163,7 +163,7 @@ def _group(stacks: list[RankStack]) -> Group:
         threads=first.threads,
         method="none" if failed else first.method,
         error=(first.error or "no threads") if failed else None,
-        inner_frame=None if failed else (list(_key_frames(first.threads)) or [None])[-1],
+        inner_frame=None if failed else _innermost(_key_frames(first.threads)),
     )
 
 
@@ -177,7 +177,11 @@ def _key_frames(threads: Sequence[ThreadStack]) -> Sequence[Frame]:
 def _key_frame(threads: Sequence[ThreadStack]) -> Frame | None:
     frames = _key_frames(threads)
     user = [f for f in frames if is_user_frame(f)]
-    return (user or list(frames) or [None])[-1]
+    return _innermost(user) or _innermost(frames)
+
+
+def _innermost(frames: Sequence[Frame]) -> Frame | None:
+    return frames[-1] if frames else None
 
 
 def _hostlist(hosts: Sequence[str]) -> str:

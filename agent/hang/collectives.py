@@ -85,13 +85,12 @@ def _group_lines(
         return []
     label = next(iter(mine.values())).label()
     # Every member names the same members (torch's group): one list, and who answered for it.
-    members = sorted(set(max((g.ranks for g in mine.values()), key=len)) | set(mine))
+    widest = max(mine.values(), key=lambda g: len(g.ranks))
+    members = sorted(set(widest.ranks) | set(mine))
     shapes = {r: mine[r].at(top) for r in waiting}
     known = Counter((c.op, c.shape) for c in shapes.values() if c is not None)
     (op, shape), _ = known.most_common(1)[0] if known else (("a collective", ""), 0)
-    same = [
-        r for r in waiting if shapes[r] is None or (shapes[r].op, shapes[r].shape) == (op, shape)
-    ]
+    same = [r for r in waiting if (c := shapes[r]) is None or (c.op, c.shape) == (op, shape)]
     alike = set(same)
     odd = [r for r in waiting if r not in alike]
     lines = [f"{_who(same)} entered {op} #{top} on {label}" + (f" ({shape})" if shape else "")]

@@ -150,8 +150,9 @@ class StackDesk:
             every = s.store.wait(keys, timeout + ANSWER_SLACK)
             found: list[RankStack] = []
             names = [f"stacks/{number}/{i}" for i in self.nodes]
+            answers: list[dict[str, Any] | None]
             if every:  # one round trip for every answer
-                answers = s.get_all(names, "stacks answer")
+                answers = list(s.get_all(names, "stacks answer"))
             else:  # someone is silent: name it
                 answers = [s.get_if(name, "stacks answer") for name in names]
             for i, answer in zip(self.nodes, answers, strict=True):
@@ -203,7 +204,7 @@ class StackDesk:
             self._publish(self._asking or self.scope, {"end": True})
 
 
-def _answer(stacks: list[RankStack]) -> dict[str, object]:
+def _answer(stacks: list[RankStack]) -> dict[str, Any]:
     """This node's answer, shrunk to fit one store value (deep stacks of many ranks can be
     megabytes): the innermost frames are the ones that say where a rank is."""
     answer = {"stacks": [s.to_json() for s in stacks]}

@@ -94,7 +94,8 @@ def recorder_of(trace: Mapping[str, Any]) -> RankRecorder:
         if not isinstance(state, dict):
             continue
         mine = entries.get(str(name), [])
-        described = config.get(name) if isinstance(config.get(name), dict) else {}
+        found = config.get(name)
+        described = found if isinstance(found, dict) else {}
         desc = described.get("desc") or (mine[-1]["process_group"][1] if mine else "")
         groups.append(
             {

@@ -89,11 +89,11 @@ def plain_data(data: bytes) -> Any:
                 items = since_mark()
                 _of(stack[-1], set).update(items)
             elif name in ("PUT", "BINPUT", "LONG_BINPUT"):
-                memo[int(arg)] = stack[-1]
+                memo[_index(arg)] = stack[-1]
             elif name == "MEMOIZE":
                 memo[len(memo)] = stack[-1]
             elif name in ("GET", "BINGET", "LONG_BINGET"):
-                stack.append(memo[int(arg)])
+                stack.append(memo[_index(arg)])
             elif name == "POP":
                 stack.pop()
             elif name == "POP_MARK":
@@ -107,6 +107,13 @@ def plain_data(data: bytes) -> Any:
     except Exception as exc:  # a stream that does not parse, an unhashable key, a bad memo
         raise NotPlainData(f"{type(exc).__name__}: {exc}"[:200]) from None
     raise NotPlainData("no STOP")
+
+
+def _index(arg: object) -> int:
+    """A memo opcode's argument: pickletools gives these an int, anything else is refused."""
+    if not isinstance(arg, int):
+        raise NotPlainData("a memo index that is not a number")
+    return arg
 
 
 def _of(value: Any, kind: type) -> Any:

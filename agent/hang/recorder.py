@@ -184,8 +184,8 @@ def _group(data: object) -> GroupState | None:
     ranks = data.get("ranks")
     if not isinstance(ranks, list) or not all(_int(r) for r in ranks[:65536]):
         return None
-    entered, completed = data.get("entered"), data.get("completed")
-    if not (_int(entered) and _int(completed)):
+    entered, completed = _int_or_none(data.get("entered")), _int_or_none(data.get("completed"))
+    if entered is None or completed is None:
         return None
     last = data.get("last")
     collectives = tuple(
@@ -195,8 +195,8 @@ def _group(data: object) -> GroupState | None:
         str(data.get("name", ""))[:64],
         str(data.get("desc", ""))[:64],
         tuple(ranks[:65536]),
-        max(0, min(entered, MAX_SEQ)),  # type: ignore[type-var]
-        max(0, min(completed, MAX_SEQ)),  # type: ignore[type-var]
+        max(0, min(entered, MAX_SEQ)),
+        max(0, min(completed, MAX_SEQ)),
         collectives,
     )
 
@@ -219,8 +219,8 @@ def _collective(data: object) -> Collective | None:
         int(data["seq"]),
         str(data.get("op", ""))[:40],
         shape,
-        float(created) if _number(created) else None,
-        float(timeout) if _number(timeout) and timeout > 0 else None,  # type: ignore[operator]
+        _float_or_none(created),
+        seconds if (seconds := _float_or_none(timeout)) is not None and seconds > 0 else None,
     )
 
 
@@ -230,3 +230,11 @@ def _number(value: object) -> bool:
 
 def _int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _int_or_none(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _float_or_none(value: object) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None

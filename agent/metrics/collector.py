@@ -137,17 +137,16 @@ def progress_families(
         "seconds since the node's last progress line (node 0 looks every 0.25 s)",
         labels=["node"],
     )
-    origin, progress, name = current.ranks_started, state.progress, since.name
+    origin: float = current.ranks_started
+    progress, name = state.progress, since.name
     nodes = len(state.hosts)
-    known = len(progress)
+    last = [p if p is not None else origin for p in progress[:nodes]]
+    last += [origin] * (nodes - len(last))  # nodes with no progress yet: since the ranks started
     since.samples = [
         Sample(
             name,
-            labels[node] if node < len(labels) else {"node": str(node)},
-            max(
-                0.0,
-                until - (progress[node] if node < known and progress[node] is not None else origin),
-            ),
+            dict(labels[node]) if node < len(labels) else {"node": str(node)},
+            max(0.0, until - last[node]),
         )
         for node in range(nodes)
     ]

@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import replace
+from typing import Any
 
 from agent.metrics.state import AttemptTimes, RankStep, RunState, StepTimes, Straggling
 from agent.plan.roster import Roster
@@ -41,7 +42,8 @@ class RunMetrics:
         with self._lock:
             self.state = change(self.state)
 
-    def _attempt(self, attempt: int, **moments: float) -> Callable[[RunState], RunState]:
+    def _attempt(self, attempt: int, **moments: Any) -> Callable[[RunState], RunState]:
+        # moments: AttemptTimes' float fields by name (lined_up=..., ended=...)
         def change(state: RunState) -> RunState:
             found = next((a for a in state.attempts if a.attempt == attempt), None)
             return state if found is None else state.with_attempt(replace(found, **moments))

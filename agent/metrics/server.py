@@ -166,7 +166,8 @@ class MetricsServer:
         self._replying: dict[socket.socket, threading.Thread] = {}
         self._threads: list[threading.Thread] = []  # repliers, those ending included
         self._accept_again = 0.0  # time.monotonic() to accept again after accept() failed
-        self._fds = (-FDS_LOOK_EVERY, None, 0)  # the last count: when, free then, held then
+        # the last count: when, free then, held then
+        self._fds: tuple[float, int | None, int] = (-FDS_LOOK_EVERY, None, 0)
         self._short = ""  # why connections are turned away now (told once per shortage)
         self._closed = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="metrics", daemon=True)

@@ -16,7 +16,7 @@ import socket
 import sys
 import time
 from types import FrameType, TracebackType
-from typing import Any
+from typing import IO, Any, cast
 
 from agent.pause.frames import encode, read
 
@@ -70,7 +70,8 @@ class _Out:
     """pdb's stdout: what it writes goes to the agent when it flushes (before every prompt)."""
 
     def __init__(self, link: Link) -> None:
-        self.link, self.parts, self.size = link, [], 0
+        self.link, self.size = link, 0
+        self.parts: list[str] = []
 
     def write(self, text: str) -> int:
         self.parts.append(text)
@@ -122,11 +123,14 @@ class RemotePdb(pdb.Pdb):
         self.deadline = None if timeout is None else time.monotonic() + timeout
         self.continued = False
         self.post_mortem = timeout is not None
-        super().__init__(stdin=_In(link, self), stdout=_Out(link), nosigint=True, readrc=False)
+        # pdb reads lines and writes text: _In and _Out are all the file it uses
+        stdin, stdout = cast(IO[str], _In(link, self)), cast(IO[str], _Out(link))
+        super().__init__(stdin=stdin, stdout=stdout, nosigint=True, readrc=False)
 
     def interaction(self, frame: FrameType | None, traceback: TracebackType | None) -> None:
         self.continued = False
-        if self.setup(frame, traceback):
+        # pdb's own interaction(): setup() is True when an rc command continued (the stubs say None)
+        if self.setup(frame, traceback):  # type: ignore[func-returns-value]
             self.forget()
             return
         here, lineno = self.stack[self.curindex]

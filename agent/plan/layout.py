@@ -56,6 +56,7 @@ def _has_gpus(world: World, topology: Topology) -> bool:
 
 def layout(world: World, options: Options, topology: Topology) -> NodeLayout:
     nproc = nproc_for(world, options, topology)
+    local_ranks: tuple[int, ...]
     if world.task is not None:
         t = world.task
         first, local_ranks, local_world, world_size = (

@@ -33,6 +33,9 @@ class RankSet:
     wherever parse_rank_set's result used to be a frozenset."""
 
     __slots__ = ("_lows", "_highs", "_len")
+    _lows: tuple[int, ...]
+    _highs: tuple[int, ...]
+    _len: int
 
     def __init__(self, ranges: Iterable[tuple[int, int]] = ()) -> None:
         merged: list[list[int]] = []

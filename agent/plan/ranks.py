@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from agent.errors import AgentError
+from agent.plan.rank_set import RankSet
 
 # agent.pause.hook.HOOK and agent.pause.post_mortem.MODULE, named here as text: what runs inside
 # a rank is not imported by the plan (tests/test_ranks_debug.py holds the names to the modules).
@@ -49,7 +50,7 @@ class Launch:
     extra_env: Mapping[str, str] = field(default_factory=dict)  # from the config payload
     deepspeed: bool = False
     rank_prefix: str | None = None
-    prefix_ranks: frozenset[int] | None = None  # None: every rank
+    prefix_ranks: RankSet | None = None  # None: every rank
     agent_store: bool = True  # False for a one-agent job: its rank 0 hosts the store
     pdb_timeout: float | None = None  # --pdb: seconds a failed rank stays paused (None: off)
     flight_recorder: bool = True  # torch's recorder on in every rank (--no-flight-recorder)

@@ -8,7 +8,7 @@ so a hostile file fails in well under a second instead of exhausting time or mem
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
@@ -34,7 +34,13 @@ class TooDeep(Refused):
     """Nested deeper than the loader's max_depth: the problem reads "nested more than N levels"."""
 
 
-class _Strict:
+if TYPE_CHECKING:  # the mixin is only ever used in front of a SafeLoader (see _strict_loader)
+    _Loader = yaml.SafeLoader
+else:
+    _Loader = object
+
+
+class _Strict(_Loader):
     """A SafeLoader's rules, mixed in front of libyaml's or PyYAML's own loader: it builds only
     JSON types and rejects duplicate and non-string keys.
 
@@ -71,11 +77,14 @@ class _Strict:
         total = written = 0  # values so far, aliases expanded / as written
         while True:
             event = self.get_event()
+            # libyaml's marks or PyYAML's (the stubs type them apart); both say line and column
+            start: Any = event.start_mark
+            end: Any = event.end_mark
             if isinstance(event, yaml.AliasEvent):
                 name = event.anchor
                 if name not in anchors:
                     raise yaml.composer.ComposerError(
-                        None, None, f"found undefined alias {name!r}", event.start_mark
+                        None, None, f"found undefined alias {name!r}", start
                     )
                 if name not in expanded_size:
                     raise Refused(
@@ -83,7 +92,7 @@ class _Strict:
                         None,
                         f"alias *{name} is inside the value anchored as &{name}, so the value "
                         "would contain itself; write it out instead",
-                        event.start_mark,
+                        start,
                     )
                 node: yaml.Node = anchors[name]
                 total += expanded_size[name]
@@ -94,11 +103,11 @@ class _Strict:
                         None,
                         f"aliases expand the document by more than {MAX_ALIAS_NODES:,} values "
                         "(an alias bomb?); write the repeated parts out, or repeat less",
-                        event.start_mark,
+                        start,
                     )
             elif isinstance(event, (yaml.SequenceEndEvent, yaml.MappingEndEvent)):
                 node, anchor, started, _ = stack.pop()
-                node.end_mark = event.end_mark
+                node.end_mark = end
                 if anchor is not None:
                     expanded_size[anchor] = total - started
             else:
@@ -108,7 +117,7 @@ class _Strict:
                         f"found duplicate anchor {anchor!r}; first occurrence",
                         anchors[anchor].start_mark,
                         "second occurrence",
-                        event.start_mark,
+                        start,
                     )
                 total += 1
                 written += 1
@@ -116,9 +125,7 @@ class _Strict:
                 if isinstance(event, yaml.ScalarEvent):
                     if tag is None or tag == "!":
                         tag = self.resolve(yaml.ScalarNode, event.value, event.implicit)
-                    node = yaml.ScalarNode(
-                        tag, event.value, event.start_mark, event.end_mark, style=event.style
-                    )
+                    node = yaml.ScalarNode(tag, event.value, start, end, style=event.style)
                     if anchor is not None:
                         anchors[anchor] = node
                         expanded_size[anchor] = 1
@@ -203,8 +210,8 @@ _NOT_JSON = {
 }
 
 
-def _strict_loader(base: type) -> type:
-    loader = type(f"Strict{base.__name__}", (_Strict, base), {})
+def _strict_loader(base: Any) -> Any:
+    loader: Any = type(f"Strict{base.__name__}", (_Strict, base), {})
     loader.yaml_constructors = {
         tag: build for tag, build in base.yaml_constructors.items() if tag not in _NOT_JSON
     }

@@ -100,10 +100,11 @@ def reapply(env: Mapping[str, str], zygote_env: Mapping[str, str], zygote_cpus: 
         # interpreter draws its own (it authenticates Manager and Listener connections).
         process.current_process().authkey = os.urandom(32)
         # The directory it started in: spawn children resolve relative paths against it.
-        process.ORIGINAL_DIR = os.path.abspath(os.getcwd())
+        process.ORIGINAL_DIR = os.path.abspath(os.getcwd())  # type: ignore[attr-defined]
     tempfile = sys.modules.get("tempfile")
     if tempfile is not None:
-        tempfile.tempdir = None  # gettempdir() caches TMPDIR: the rank's may differ
+        # gettempdir() caches TMPDIR: the rank's may differ
+        tempfile.tempdir = None  # type: ignore[attr-defined]
     linecache = sys.modules.get("linecache")
     if linecache is not None:
         linecache.clearcache()  # source lines the zygote cached may be stale by now

@@ -94,7 +94,7 @@ class WarmProcess:
 
     def wait(self, timeout: float | None = None) -> int:
         if not self._done.wait(timeout):
-            raise subprocess.TimeoutExpired(self.args, timeout)
+            raise subprocess.TimeoutExpired(self.args, timeout or 0.0)
         assert self.returncode is not None
         return self.returncode
 

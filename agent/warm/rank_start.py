@@ -195,9 +195,10 @@ def _base_path(origin: Origin, env: Mapping[str, str], cwd: str) -> list[str]:
 
 def _stdio(origin: Origin, buffered: bool) -> None:
     """sys.stdin/stdout/stderr as CPython's create_stdio makes them at start (pylifecycle.c)."""
-    sys.stdin = sys.__stdin__ = _stream(0, "<stdin>", origin.encoding, origin.errors, buffered)
-    sys.stdout = sys.__stdout__ = _stream(1, "<stdout>", origin.encoding, origin.errors, buffered)
-    sys.stderr = sys.__stderr__ = _stream(
+    # sys.__stdout__ and the others are Final to the type checker, not to the interpreter
+    sys.stdin = sys.__stdin__ = _stream(0, "<stdin>", origin.encoding, origin.errors, buffered)  # type: ignore[misc]
+    sys.stdout = sys.__stdout__ = _stream(1, "<stdout>", origin.encoding, origin.errors, buffered)  # type: ignore[misc]
+    sys.stderr = sys.__stderr__ = _stream(  # type: ignore[misc]
         2, "<stderr>", origin.encoding, "backslashreplace", buffered
     )
     faulthandler = sys.modules.get("faulthandler")
@@ -205,16 +206,16 @@ def _stdio(origin: Origin, buffered: bool) -> None:
         faulthandler.enable(sys.stderr)  # PYTHONFAULTHANDLER: it held the zygote's stderr
 
 
-def _stream(fd: int, name: str, encoding: str, errors: str, buffered: bool) -> Any:
+def _stream(fd: int, name: str, encoding: str | None, errors: str | None, buffered: bool) -> Any:
     import io
 
     write = fd != 0
     buffering = 0 if write and not buffered else -1  # stdin is always buffered
     # closefd=False: the stream lives as long as the process, and fds 0-2 must never close.
-    buf = io.open(fd, "wb" if write else "rb", buffering, closefd=False)  # noqa: SIM115, UP020
+    buf: Any = io.open(fd, "wb" if write else "rb", buffering, closefd=False)  # noqa: SIM115, UP020
     raw = buf.raw if buffering else buf
     raw.name = name
     line_buffering = buffered and (raw.isatty() or fd == 2)
-    stream = io.TextIOWrapper(buf, encoding, errors, "\n", line_buffering, not buffered)
+    stream: Any = io.TextIOWrapper(buf, encoding, errors, "\n", line_buffering, not buffered)
     stream.mode = "w" if write else "r"
     return stream

@@ -25,13 +25,13 @@ def run(request: Mapping[str, Any], keep: frozenset[str]) -> tuple[int, bool]:
     if kind == "module":
         sys.argv = ["-m", *args]  # runpy puts the module's path there once it is found
         _add_path0(os.getcwd())
-        runner = lambda: runpy._run_module_as_main(target, alter_argv=True)  # noqa: E731
+        runner = lambda: _runpy_main(target, alter_argv=True)  # noqa: E731
     else:
         sys.argv = [target, *args]
         filename = os.path.join(os.getcwd(), target)  # CPython 3.9+: __file__ is absolute
         if _is_importer(filename):  # a directory or zip with __main__.py
             sys.path.insert(0, filename)
-            runner = lambda: runpy._run_module_as_main("__main__", alter_argv=False)  # noqa: E731
+            runner = lambda: _runpy_main("__main__", alter_argv=False)  # noqa: E731
         else:
             try:
                 with open(filename, "rb") as file:
@@ -45,7 +45,7 @@ def run(request: Mapping[str, Any], keep: frozenset[str]) -> tuple[int, bool]:
                 return 2, False
             _add_path0(os.path.dirname(os.path.realpath(filename)))
             main.__file__ = filename
-            main.__cached__ = None
+            main.__cached__ = None  # type: ignore[attr-defined]  # a module's own dunder
             main.__loader__ = SourceFileLoader("__main__", filename)
             # dont_inherit: this module's `from __future__` flags must not reach user code.
             code = compile(source, filename, "exec", dont_inherit=True)
@@ -57,11 +57,17 @@ def run(request: Mapping[str, Any], keep: frozenset[str]) -> tuple[int, bool]:
     return _call(runner)
 
 
+def _runpy_main(module: str, alter_argv: bool) -> object:
+    """What `python -m` calls (private to runpy, stable since 3.4): the module runs as __main__
+    with the interpreter's own errors."""
+    return runpy._run_module_as_main(module, alter_argv=alter_argv)  # type: ignore[attr-defined]
+
+
 def _fresh_main() -> ModuleType:
     """__main__ as the interpreter creates it at start (pylifecycle.c add_main_module)."""
     main = ModuleType("__main__")
     main.__annotations__ = {}
-    main.__builtins__ = builtins
+    main.__builtins__ = builtins  # type: ignore[attr-defined]  # a module's own dunder
     main.__loader__ = BuiltinImporter
     return main
 

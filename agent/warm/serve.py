@@ -212,7 +212,7 @@ def serve(
                         break
                 loop.reap()
                 continue
-            for message, fds in loop.receive():
-                ran = _start_ranks(loop, message, fds, origin)
+            for message, rank_fds in loop.receive():
+                ran = _start_ranks(loop, message, rank_fds, origin)
                 if ran is not None:
                     return ran  # in a rank, after its code ran
