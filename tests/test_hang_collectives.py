@@ -229,3 +229,63 @@ def test_the_probe_env_is_added_once_and_a_zygote_prepared_with_it_fits_the_rank
     rank = {**run, **probe_env("/private", run), "RANK": "3"}
     assert import_fingerprint(rank) == import_fingerprint(node)
     assert with_probe({"PYTHONPATH": "/site"}, None) == {"PYTHONPATH": "/site"}
+
+
+class _FakeRecorderTorch:
+    """torch as the probe sees it: `_dump_fr_trace_json(include_collectives, only_active)`
+    answering from `status` and `entries`, counting the full dumps."""
+
+    def __init__(self, status: dict, entries: list) -> None:
+        import types
+
+        self.status, self.entries, self.full_dumps = status, entries, 0
+        c10d = types.SimpleNamespace(_dump_fr_trace_json=self._dump)
+        self._C = types.SimpleNamespace(_distributed_c10d=c10d)
+
+    def _dump(self, include_collectives: bool, only_active: bool) -> str:
+        import json
+
+        trace: dict = {"pg_status": self.status}
+        if include_collectives:
+            self.full_dumps += 1
+            trace["entries"] = self.entries
+        return json.dumps(trace)
+
+
+def test_the_probe_reads_the_entries_only_for_a_pending_collective_and_once(monkeypatch):
+    """A full recorder dump costs a rank 5-20 ms: none while nothing is pending, one per change
+    of the counters while a collective is (the watch and `agent stacks` ask again and again)."""
+    import types
+
+    from agent.hang.probe import sitecustomize as probe
+
+    group = object()
+    world = types.SimpleNamespace(pg_group_ranks={group: {0: 0, 1: 1}})
+    c10d = types.SimpleNamespace(_world=world, _get_process_group_name=lambda pg: "0")
+    dist = types.SimpleNamespace(distributed_c10d=c10d)
+    entry = {
+        "collective_seq_id": 8,
+        "profiling_name": "gloo:all_reduce",
+        "process_group": ["0", "default_pg"],
+        "input_sizes": [[4]],
+        "input_dtypes": ["Float"],
+    }
+    torch = _FakeRecorderTorch(
+        {"0": {"last_enqueued_collective": "7", "last_completed_collective": "7"}}, [entry]
+    )
+    monkeypatch.setitem(sys.modules, "torch", torch)
+    monkeypatch.setattr(probe, "_entries_seen", None)
+
+    idle = probe._groups(dist)
+    assert (torch.full_dumps, idle[0]["entered"], idle[0]["last"]) == (0, 7, [])
+
+    torch.status = {"0": {"last_enqueued_collective": "8", "last_completed_collective": "7"}}
+    for _ in range(3):
+        waiting = probe._groups(dist)
+    assert torch.full_dumps == 1
+    assert (waiting[0]["entered"], waiting[0]["completed"]) == (8, 7)
+    assert [(e["seq"], e["op"]) for e in waiting[0]["last"]] == [(8, "all_reduce")]
+
+    torch.status = {"0": {"last_enqueued_collective": "9", "last_completed_collective": "8"}}
+    probe._groups(dist)
+    assert torch.full_dumps == 2
