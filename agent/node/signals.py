@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import queue
 import signal
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -41,6 +42,9 @@ class Signals:
         self.events = events
         self._queued = False
         self.received: int | None = None  # the last stop signal this process got (not a client's)
+        # When each signal first reached this process (epoch seconds): node 0 judges a stop for
+        # preemption against it (agent.run.preemption). Set once, in the handler: a dict store.
+        self.arrived: dict[int, float] = {}
 
     def install(self) -> None:
         for signum in (*STOP, *FORWARDED):
@@ -56,6 +60,7 @@ class Signals:
             self._queued = False
 
     def _handle(self, signum: int, _frame: object) -> None:
+        self.arrived.setdefault(signum, time.time())
         if signum in STOP:
             self.received = signum
         if self._queued:
