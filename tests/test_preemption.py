@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import json
 import os
+import queue
+import signal
 
 import pytest
 
 from agent.history import store
 from agent.history.record import from_summary
 from agent.history.view import job_facts, job_rows
+from agent.node.signals import ARRIVALS_KEPT, Signals
 from agent.run.checkpoint_dir import MARKER, newest_after, previous_stop, read_marker, write_marker
 from agent.run.preemption import Written, furthest_step, judge_stop, previous_stop_line
 from agent.run.summary import build_summary, render_report
@@ -157,3 +160,21 @@ def test_the_history_keeps_the_line_and_shows_it(tmp_path):
     assert f"  {line}" in job_facts(stored)
     (cells, _), *_ = job_rows([stored])
     assert line[:40] in " ".join(cells)  # a job with no root cause shows its stop there
+
+
+def test_another_users_file_proves_nothing(tmp_path):
+    (tmp_path / "last.pt").write_text("x")
+    assert newest_after(str(tmp_path), 0.0, uid=os.getuid() + 1) is None
+    assert newest_after(str(tmp_path), 0.0) is not None
+
+
+def test_the_first_arrival_in_the_run_counts():
+    signals = Signals(queue.SimpleQueue())
+    assert signals.first_since(signal.SIGUSR2, 0.0) is None
+    signals._handle(signal.SIGUSR2, None)  # what the installed handler does on arrival
+    first = signals.first_since(signal.SIGUSR2, 0.0)
+    assert first is not None and signals.first_since(signal.SIGUSR2, first + 3600) is None
+    for _ in range(ARRIVALS_KEPT + 5):  # bounded, the latest kept
+        signals._handle(signal.SIGUSR2, None)
+    assert len(signals.arrived[signal.SIGUSR2]) == ARRIVALS_KEPT
+    assert signals.first_since(signal.SIGUSR1, 0.0) is None

@@ -99,7 +99,7 @@ def from_summary(summary: Mapping[str, Any], now: float) -> JobRecord:
 
 def _stop(preemption: Any) -> str | None:
     line = _map(preemption).get("line")
-    return _text(line, TEXT_CAP) or None if isinstance(line, str) else None
+    return (_text(line, TEXT_CAP) or None) if isinstance(line, str) else None
 
 
 def attempt_record(attempt: Mapping[str, Any], position: int) -> AttemptRecord:

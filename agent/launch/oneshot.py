@@ -21,7 +21,7 @@ from agent.node.agent import lost_store_error
 from agent.node.signals import Interrupted
 from agent.plan.run_plan import Request, RunPlan, decide
 from agent.run import outputs
-from agent.run.checkpoint_dir import previous_stop
+from agent.run.checkpoint_dir import location, previous_stop
 from agent.run.node_run import Session
 from agent.run.summary import node_failure
 from agent.run.tools import RunTools
@@ -101,11 +101,10 @@ def _replanner(request: Request, world: World, first: RunPlan) -> Callable[[int]
 def _previous_stop(plan: RunPlan) -> None:
     """Node 0, the job's first lines: a requeue (or a resubmission) after a stop for
     preemption that saved no checkpoint, from the record the last job left in the dir."""
-    if plan.options.checkpoint_dir is not None:
-        directory = os.path.join(plan.cwd or os.getcwd(), plan.options.checkpoint_dir)
-        line = previous_stop(directory)
-        if line is not None:
-            print(f"agent: warning: {printable(line, one_line=True)}", file=sys.stderr, flush=True)
+    directory = location(plan)
+    line = previous_stop(directory) if directory is not None else None
+    if line is not None:
+        print(f"agent: warning: {printable(line, one_line=True)}", file=sys.stderr, flush=True)
 
 
 def _unfinished(plan: RunPlan | None, world: World, code: int, cause: dict[str, Any]) -> None:

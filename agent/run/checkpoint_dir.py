@@ -11,6 +11,7 @@ import os
 import stat
 from typing import Any
 
+from agent.plan.run_plan import RunPlan
 from agent.run.preemption import Preemption, Written, previous_stop_line
 
 MARKER = ".launch-agent-stop.json"  # a dot file: a loader globbing DIR/* does not see it
@@ -19,14 +20,26 @@ SCAN_ENTRIES = 100_000  # entries looked at, at most: a sharded checkpoint has t
 SCAN_DEPTH = 8
 
 
+def location(plan: RunPlan) -> str | None:
+    """The run's --checkpoint-dir as node 0 reaches it (a relative one: from the ranks' cwd)."""
+    directory = plan.options.checkpoint_dir
+    return None if directory is None else os.path.join(plan.cwd or os.getcwd(), directory)
+
+
 def newest_after(
-    directory: str, since: float, shown: str | None = None, limit: int = SCAN_ENTRIES
+    directory: str,
+    since: float,
+    shown: str | None = None,
+    limit: int = SCAN_ENTRIES,
+    uid: int | None = None,
 ) -> Written | None:
-    """The top entry of `directory` holding the newest regular file modified at or after
-    `since` (epoch seconds, node 0's clock: the file server's must agree, as NTP has them),
-    and how many such files; None when there is none (or no such directory). Symlinks are not
-    followed; the walk stops after `limit` entries. The path is named under `shown` (the dir
-    as the user spelled it), else under `directory`."""
+    """The top entry of `directory` holding the newest regular file of `uid` (default: this
+    process's user, whose ranks write the checkpoints; another user's file proves nothing)
+    modified at or after `since` (epoch seconds, node 0's clock: the file server's must agree,
+    as NTP has them), and how many such files; None when there is none (or no such
+    directory). Symlinks are not followed; the walk stops after `limit` entries. The path is
+    named under `shown` (the dir as the user spelled it), else under `directory`."""
+    owner = os.getuid() if uid is None else uid
     newest: tuple[float, str] | None = None
     files, seen = 0, 0
     stack: list[tuple[str, str | None, int]] = [(directory, None, 0)]
@@ -47,7 +60,7 @@ def newest_after(
                         continue
                     if stat.S_ISDIR(st.st_mode) and depth + 1 < SCAN_DEPTH:
                         stack.append((entry.path, head, depth + 1))
-                    elif stat.S_ISREG(st.st_mode) and st.st_mtime >= since:
+                    elif stat.S_ISREG(st.st_mode) and st.st_mtime >= since and st.st_uid == owner:
                         files += 1
                         if newest is None or st.st_mtime > newest[0]:
                             newest = (st.st_mtime, head)

@@ -10,7 +10,6 @@ live in the scopes `r<run>/l<attempt>` and `r<run>/a<attempt>`.
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import time
 from collections.abc import Mapping, Sequence
@@ -33,7 +32,7 @@ from agent.plan.roster import Exclusion, Roster, Shortfall
 from agent.run import outputs
 from agent.run.attempt import NodeAttempt
 from agent.run.bounded_wait import await_verdict, results_with_own
-from agent.run.checkpoint_dir import newest_after, write_marker
+from agent.run.checkpoint_dir import location, newest_after, write_marker
 from agent.run.coordinator import Coordination, Coordinator
 from agent.run.failure_class import AttemptFailure
 from agent.run.leftovers import Leftovers
@@ -285,14 +284,13 @@ class Run:
     ) -> Preemption | None:
         """Node 0, the run's end, with --checkpoint-dir: the stop for preemption, when the
         signal reached this agent during the run (None: it did not)."""
-        options, cwd = prepared.plan.options, prepared.plan.cwd or os.getcwd()
-        if options.checkpoint_dir is None:
+        options, directory = prepared.plan.options, location(prepared.plan)
+        if directory is None or options.checkpoint_dir is None:
             return None
         signum = signal.Signals[f"SIG{options.preempt_signal}"]
-        arrived = self.seat.signals.arrived.get(signum)
-        if arrived is None or arrived < self.started:
+        arrived = self.seat.signals.first_since(signum, self.started)
+        if arrived is None:
             return None
-        directory = os.path.join(cwd, options.checkpoint_dir)
         written = newest_after(directory, arrived, shown=options.checkpoint_dir)
         return judge_stop(signum.name, arrived, step, options.checkpoint_dir, written, ranks)
 
@@ -346,7 +344,7 @@ class Run:
                     **_seated_record(self.seatings, attempt),
                 }
             )
-            self._summarise(prepared, history, code)
+            self._summarise(prepared, history, code, self._preemption(prepared, [], None))
         self.seat.enter(None)
         return code
 
@@ -364,8 +362,8 @@ class Run:
         if stop is not None:
             summary["preemption"] = stop.to_json()
             log.warning("the stop for preemption: %s", stop.details())
-        if plan.options.checkpoint_dir is not None:  # the next job with this dir reads it
-            directory = os.path.join(plan.cwd or os.getcwd(), plan.options.checkpoint_dir)
+        directory = location(plan)
+        if directory is not None:  # the next job with this dir reads it
             write_marker(directory, plan.run_id, stop)
         path = outputs.write_summary(prepared.plan.log_dir, summary)
         self.metrics.finished(code)
