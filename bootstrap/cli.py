@@ -120,6 +120,12 @@ def _slurm_options(group) -> None:
         f"(default: {RequeueSpec.signal_lead})",
     )
     add(
+        "--checkpoint-dir",
+        metavar="DIR",
+        help="with --requeue: where the ranks write checkpoints; the agents say whether one "
+        "was written after the warning (agent's --checkpoint-dir)",
+    )
+    add(
         "--sbatch",
         action="append",
         default=[],
@@ -363,7 +369,11 @@ def _slurm(ns: argparse.Namespace) -> SlurmSpec:
 
 def _requeue(ns: argparse.Namespace) -> RequeueSpec | None:
     if not ns.requeue:
-        for flag, value in (("--max-requeues", ns.max_requeues), ("--signal-lead", ns.signal_lead)):
+        for flag, value in (
+            ("--max-requeues", ns.max_requeues),
+            ("--signal-lead", ns.signal_lead),
+            ("--checkpoint-dir", ns.checkpoint_dir),
+        ):
             if value is not None:
                 raise AgentError(f"{flag} needs --requeue")
         return None
@@ -371,6 +381,7 @@ def _requeue(ns: argparse.Namespace) -> RequeueSpec | None:
     return RequeueSpec(
         max_requeues=defaults.max_requeues if ns.max_requeues is None else ns.max_requeues,
         signal_lead=defaults.signal_lead if ns.signal_lead is None else ns.signal_lead,
+        checkpoint_dir=ns.checkpoint_dir,
     )
 
 

@@ -176,15 +176,18 @@ def _step(job: JobSpec) -> str:
 
 def _requeue_step(job: JobSpec, body: str, requeue: RequeueSpec) -> str:
     """The step in the background, so that the shell's USR2 trap runs while it waits (bash runs
-    a trap only between commands); after a warning, the job requeues itself."""
+    a trap only between commands); after a warning, the job requeues itself — or, where Slurm
+    refuses the requeue, submits this script again as a new job that starts after it."""
     lead = requeue.signal_lead
     return "\n".join(
         [
             f"# Preemption and time limits: Slurm sends USR2 to this shell {lead}s before the end",
             "# (--signal=B:USR2@...). The trap passes it to srun, srun to the agents, the agents to",
-            "# every rank: the ranks checkpoint and exit 0. Then the job requeues itself (at most",
-            "# MAX_REQUEUES times; every rank sees SLURM_RESTART_COUNT) and resumes. USR2, not USR1:",
-            "# NCCL uses USR1.",
+            "# every rank: the ranks checkpoint and exit 0. Then the job requeues itself (every rank",
+            "# sees SLURM_RESTART_COUNT) and resumes; where the requeue is refused (sbatch",
+            "# --no-requeue, JobRequeue=0, a site's policy) it submits this script again, to start",
+            "# once this job has ended (every rank sees AGENT_RESUBMITS). At most MAX_REQUEUES",
+            "# times, both ways together. USR2, not USR1: NCCL uses USR1.",
             f"MAX_REQUEUES={requeue.max_requeues}",
             "warnings=0",
             "step_pid=",
@@ -194,6 +197,12 @@ def _requeue_step(job: JobSpec, body: str, requeue: RequeueSpec) -> str:
             '  if [[ -n "${step_pid}" ]]; then kill -USR2 "${step_pid}" 2>/dev/null || true; fi',
             "}",
             "trap on_warning USR2",
+            "resubmit() (  # a subshell: this job's SLURM_* stay out of the next one's environment",
+            "  for name in $(compgen -e); do",
+            '    if [[ "${name}" == SLURM_* && "${name}" != SLURM_CONF ]]; then unset "${name}"; fi',
+            "  done",
+            '  AGENT_RESUBMITS="$1" sbatch --dependency="afterany:$2" "$0"',
+            ")",
             "",
             *_step_comment(job),
             f"{body} &",
@@ -205,10 +214,13 @@ def _requeue_step(job: JobSpec, body: str, requeue: RequeueSpec) -> str:
             '  [[ "${warnings}" == "${seen}" ]] && break',
             "done",
             'echo "finished:    $(date -Is), exit status ${status}"',
-            "restarts=${SLURM_RESTART_COUNT:-0}",
+            "restarts=$((${SLURM_RESTART_COUNT:-0} + ${AGENT_RESUBMITS:-0}))  # requeued + resubmitted",
             "if (( warnings > 0 && restarts < MAX_REQUEUES )); then",
             '  echo "requeue:     restart $((restarts + 1)) of at most ${MAX_REQUEUES}"',
-            '  scontrol requeue "${SLURM_JOB_ID}" || echo "requeue:     scontrol requeue failed"',
+            '  if ! scontrol requeue "${SLURM_JOB_ID}"; then',
+            '    echo "requeue:     scontrol requeue refused: submitting this script again"',
+            '    resubmit "$((restarts + 1))" "${SLURM_JOB_ID}" || echo "requeue:     sbatch failed"',
+            "  fi",
             "elif (( warnings > 0 )); then",
             '  echo "requeue:     not again, ${restarts} restarts already (--max-requeues)"',
             "fi",
@@ -287,6 +299,9 @@ def agent_options(job: JobSpec) -> list[str]:
         options += ["--rank-prefix", nsys_prefix(job.nsys)]
         if job.nsys.ranks is not None:
             options += ["--rank-prefix-ranks", ",".join(str(rank) for rank in job.nsys.ranks)]
+    requeue = job.slurm.requeue
+    if requeue is not None and requeue.checkpoint_dir is not None:
+        options += ["--checkpoint-dir", requeue.checkpoint_dir]  # the agents say if it saved
     return options + list(job.step.agent_options)
 
 

@@ -21,10 +21,12 @@ class StepMode(str, enum.Enum):
 class RequeueSpec:
     """Preemption and time limits: Slurm warns the batch shell with USR2 `signal_lead` seconds
     before the end; the shell passes it to srun (→ agents → every rank), the ranks checkpoint and
-    exit, and the job requeues itself while SLURM_RESTART_COUNT < max_requeues."""
+    exit, and the job requeues itself (or, refused, submits itself again) while it came back
+    fewer than max_requeues times."""
 
     max_requeues: int = 3
     signal_lead: int = 90  # seconds; Slurm may send it up to a minute earlier
+    checkpoint_dir: str | None = None  # the agents' --checkpoint-dir: they say if it was written
 
 
 @dataclass(frozen=True)

@@ -212,8 +212,10 @@ _REQUEUE_LINES = (
     "trap on_warning USR2\n",
     'kill -USR2 "${step_pid}"',
     "train.py configs/data.yml configs/model.yml \\\n  -- --seed 1 &\nstep_pid=$!\n",
-    "restarts=${SLURM_RESTART_COUNT:-0}\n",
-    'scontrol requeue "${SLURM_JOB_ID}"',
+    "restarts=$((${SLURM_RESTART_COUNT:-0} + ${AGENT_RESUBMITS:-0}))",
+    'if ! scontrol requeue "${SLURM_JOB_ID}"; then',
+    'resubmit "$((restarts + 1))" "${SLURM_JOB_ID}"',
+    'AGENT_RESUBMITS="$1" sbatch --dependency="afterany:$2" "$0"',
 )
 
 
@@ -228,6 +230,13 @@ def test_requeue_lines_present_with_requeue():
         assert line in text, line
     assert text.count("#SBATCH --signal=") == 1
     assert text.index("trap on_warning USR2") < text.index("\nsrun ")  # the trap, then the step
+
+
+def test_requeue_checkpoint_dir_goes_to_the_agents():
+    requeue = RequeueSpec(checkpoint_dir="ckpt/${SLURM_JOB_NAME}")
+    text = render(JobSpec(slurm=replace(_SLURM, requeue=requeue), step=_STEP))
+    assert 'python -m agent --checkpoint-dir "ckpt/${SLURM_JOB_NAME}"' in text
+    assert "--checkpoint-dir" not in render(_requeue_job())
 
 
 @pytest.mark.parametrize("name", sorted(GOLDEN))

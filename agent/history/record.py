@@ -53,6 +53,7 @@ class JobRecord:
     node0: Mapping[str, Any] | None = None  # a running record: node 0's agent (history.liveness)
     max_restarts: int | None = None  # the restart budgets (None: a summary that predates them)
     max_infra_restarts: int | None = None
+    stop: str | None = None  # a stop for preemption: its line (agent.run.preemption)
 
 
 def from_summary(summary: Mapping[str, Any], now: float) -> JobRecord:
@@ -92,7 +93,13 @@ def from_summary(summary: Mapping[str, Any], now: float) -> JobRecord:
         node0=dict(summary["node0"]) if running and _is_map(summary.get("node0")) else None,
         max_restarts=_count_or_none(job.get("max_restarts")),
         max_infra_restarts=_count_or_none(job.get("max_infra_restarts")),
+        stop=_stop(summary.get("preemption")),
     )
+
+
+def _stop(preemption: Any) -> str | None:
+    line = _map(preemption).get("line")
+    return (_text(line, TEXT_CAP) or None) if isinstance(line, str) else None
 
 
 def attempt_record(attempt: Mapping[str, Any], position: int) -> AttemptRecord:

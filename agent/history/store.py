@@ -54,6 +54,7 @@ _ADDED = {
     "node0": "TEXT",
     "max_restarts": "INTEGER",
     "max_infra_restarts": "INTEGER",
+    "stop": "TEXT",  # a stop for preemption (agent.run.preemption's line)
 }
 _ADDED_TO_ATTEMPTS = {"failure_class": "TEXT", "held": "TEXT"}  # the same, for `attempts`
 
@@ -164,15 +165,15 @@ def _append_once(path: Path, record: JobRecord, cap: int, busy: float) -> None:
         job = con.execute(
             "INSERT INTO jobs (id, job_id, run, step, command, start_time, end_time, nodes, "
             "ranks, spares_used, exit_code, status, cause, restarts, stragglers, log_dir, run_id, "
-            "node0, max_restarts, max_infra_restarts) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "node0, max_restarts, max_infra_restarts, stop) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 key, record.job_id, run, record.step, record.command,
                 record.start, record.end, record.nodes, record.ranks,
                 json.dumps(record.spares_used), record.exit_code, record.status, record.cause,
                 record.restarts, json.dumps(record.stragglers), record.log_dir, record.run_id,
                 json.dumps(record.node0) if record.node0 is not None else None,
-                record.max_restarts, record.max_infra_restarts,
+                record.max_restarts, record.max_infra_restarts, record.stop,
             ),
         ).lastrowid  # fmt: skip
         con.executemany(
@@ -350,7 +351,7 @@ def _job_from_row(row: Sequence[object]) -> Stored | None:
     None when what identifies or orders it (job id, run, run id, times, exit code) does not
     fit. A job's running record has no exit code yet."""
     (run, job_id, step, command, start, end, nodes, ranks, spares, exit_code, status, cause,
-     restarts, stragglers, log_dir, rid, node0, max_restarts, max_infra) = row  # fmt: skip
+     restarts, stragglers, log_dir, rid, node0, max_restarts, max_infra, stop) = row  # fmt: skip
     start, end = _time(start), _time(end)
     if not isinstance(job_id, str) or not _is_int(run) or start is None or end is None:
         return None
@@ -372,6 +373,7 @@ def _job_from_row(row: Sequence[object]) -> Stored | None:
             node0=_map(node0),
             max_restarts=max_restarts if _is_int(max_restarts) else None,  # type: ignore[arg-type]
             max_infra_restarts=max_infra if _is_int(max_infra) else None,  # type: ignore[arg-type]
+            stop=_text(stop) or None,
         ),
     )  # fmt: skip
 

@@ -74,7 +74,7 @@ def job_rows(jobs: Sequence[Stored]) -> list[tuple[list[str], str]]:
                     "-" if r.exit_code is None else seconds(r.start, r.end),
                     str(r.nodes), str(r.ranks), str(r.restarts),
                     safe(", ".join(r.spares_used)) or "-", exit_text(r.exit_code),
-                    safe(r.cause or _NO_VERDICT.get(r.status, "-"), CELL),
+                    safe(r.cause or r.stop or _NO_VERDICT.get(r.status, "-"), CELL),
                     safe(r.command, CELL) or "-",
                 ],
                 "" if r.status in ("succeeded", "running") else "red",
@@ -171,6 +171,8 @@ def job_facts(stored: Stored) -> list[str]:
     ]
     if r.cause:
         lines.append(f"  root cause: {safe(r.cause, 1000)}")
+    if r.stop:
+        lines.append(f"  {safe(r.stop, 1000)}")
     if r.spares_used:
         lines.append(f"  spares used: {safe(', '.join(r.spares_used), 1000)}")
     if r.stragglers:

@@ -21,6 +21,7 @@ from agent.node.agent import lost_store_error
 from agent.node.signals import Interrupted
 from agent.plan.run_plan import Request, RunPlan, decide
 from agent.run import outputs
+from agent.run.checkpoint_dir import location, previous_stop
 from agent.run.node_run import Session
 from agent.run.summary import node_failure
 from agent.run.tools import RunTools
@@ -57,6 +58,7 @@ def launch(command: Command, environ: Mapping[str, str]) -> int:
                 print(
                     f"agent: warning: {printable(note, one_line=True)}", file=sys.stderr, flush=True
                 )
+            _previous_stop(plan)
             session.offer(0, plan)
             lines = lifeline.watch(agent)  # the peers' lifelines: a dead one is lost at once
             control = open_control(session, agent.keys.client_key, world, plan.log_dir, lines)
@@ -94,6 +96,15 @@ def launch(command: Command, environ: Mapping[str, str]) -> int:
 def _replanner(request: Request, world: World, first: RunPlan) -> Callable[[int], RunPlan]:
     """Node 0: the plan for a smaller world (--min-nodes), in the log dir the run claimed."""
     return lambda nodes: outputs.relaid(decide(request, world, topology_at, nodes), first)
+
+
+def _previous_stop(plan: RunPlan) -> None:
+    """Node 0, the job's first lines: a requeue (or a resubmission) after a stop for
+    preemption that saved no checkpoint, from the record the last job left in the dir."""
+    directory = location(plan)
+    line = previous_stop(directory) if directory is not None else None
+    if line is not None:
+        print(f"agent: warning: {printable(line, one_line=True)}", file=sys.stderr, flush=True)
 
 
 def _unfinished(plan: RunPlan | None, world: World, code: int, cause: dict[str, Any]) -> None:

@@ -9,14 +9,17 @@ other nodes and exit 128+N instead of waiting out a timeout.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import queue
 import signal
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 STOP = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 FORWARDED = (signal.SIGUSR1, signal.SIGUSR2)
+ARRIVALS_KEPT = 64
 
 
 @dataclass(frozen=True)
@@ -41,6 +44,9 @@ class Signals:
         self.events = events
         self._queued = False
         self.received: int | None = None  # the last stop signal this process got (not a client's)
+        # When each signal reached this process (epoch seconds, the last ARRIVALS_KEPT): node 0
+        # judges a stop for preemption against the first in its run (agent.run.preemption).
+        self.arrived: dict[int, collections.deque[float]] = {}
 
     def install(self) -> None:
         for signum in (*STOP, *FORWARDED):
@@ -55,7 +61,13 @@ class Signals:
         finally:
             self._queued = False
 
+    def first_since(self, signum: int, since: float) -> float | None:
+        """When `signum` first reached this process at or after `since` (None: not yet)."""
+        return next((t for t in list(self.arrived.get(signum, ())) if t >= since), None)
+
     def _handle(self, signum: int, _frame: object) -> None:
+        kept = self.arrived.setdefault(signum, collections.deque(maxlen=ARRIVALS_KEPT))
+        kept.append(time.time())
         if signum in STOP:
             self.received = signum
         if self._queued:

@@ -54,6 +54,23 @@ OPTIONS: tuple[Option, ...] = (
         "restart even when two attempts in a row failed the same way (the same exception at "
         "the same line of the script, or the same exit code); default: stop, exit 5",
     ),
+    Option(
+        "checkpoint_dir",
+        str,
+        None,
+        "where the ranks write checkpoints: after a --preempt-signal, node 0 says whether a "
+        "file there was written after it ('checkpoint written: DIR/...' or 'no checkpoint "
+        "written after the signal') in the summary, the history and the console, and the next "
+        "job with this dir names an unsaved stop first",
+    ),
+    Option(
+        "preempt_signal",
+        str,
+        "USR2",
+        "with --checkpoint-dir: the signal that announces preemption or the time limit "
+        "(bootstrap's --requeue sends USR2)",
+        ("USR2", "USR1", "TERM"),
+    ),
     # Failures at scale: hot spares, exclusions, shrinking, health checks.
     Option(
         "spares",

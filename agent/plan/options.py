@@ -34,6 +34,8 @@ class Options:
     max_restarts: int = _default("max_restarts")
     max_infra_restarts: int = _default("max_infra_restarts")
     restart_same_failure: bool = _default("restart_same_failure")
+    checkpoint_dir: str | None = _default("checkpoint_dir")
+    preempt_signal: str = _default("preempt_signal")
     spares: int = _default("spares")
     min_nodes: int = _default("min_nodes")
     exclude: str | None = _default("exclude")

@@ -200,6 +200,8 @@ class NodeAttempt:
             console.close(keep_table=self.coordinator is not None)
         outcome.warnings += console.router.losses()
         outcome.progressed = console.router.progressed()
+        steps = [c.step for c in console.router.clocks().values() if c.step is not None]
+        outcome.step = max(steps) if steps else None
         keep = tools.warm.pids() if tools.warm is not None else ()
         marker = specs[0].env.get(MARKER) if specs else None
         audit = node_audit(world.host, marker, self.environ)

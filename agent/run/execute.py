@@ -10,7 +10,9 @@ live in the scopes `r<run>/l<attempt>` and `r<run>/a<attempt>`.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+import signal
+import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,10 +32,12 @@ from agent.plan.roster import Exclusion, Roster, Shortfall
 from agent.run import outputs
 from agent.run.attempt import NodeAttempt
 from agent.run.bounded_wait import await_verdict, results_with_own
+from agent.run.checkpoint_dir import location, newest_after, write_marker
 from agent.run.coordinator import Coordination, Coordinator
 from agent.run.failure_class import AttemptFailure
 from agent.run.leftovers import Leftovers
 from agent.run.lineup import Lineup, seating
+from agent.run.preemption import Preemption, furthest_step, judge_stop
 from agent.run.prepare import Prepared, replanned
 from agent.run.roll_call import RollCall
 from agent.run.summary import build_summary, cause_line, job_record, render_report
@@ -65,6 +69,7 @@ class Run:
         self.seat, self.stage, self.prepared, self.tools = seat, stage, prepared, tools
         self.roster = roster
         self.metrics = metrics if metrics is not None else RunMetrics()
+        self.started = time.time()  # a stop signal before it was not this run's
         # A client's env over the node's; the flight-recorder probe's for the ranks and the zygote.
         environ = {**seat.environ, **(prepared.plan.env or {})}
         probes = private_dir() if prepared.plan.options.flight_recorder else None
@@ -198,7 +203,7 @@ class Run:
     ) -> dict[str, Any]:
         """Node 0: judge the attempt, tell everyone, write the summary when it is the last."""
         options = prepared.plan.options
-        verdict, progressed, done = self._judge(
+        verdict, progressed, done, step = self._judge(
             scope, attempt, roster, prepared, failed, _result(outcome), coordinator
         )
         exits = {
@@ -239,7 +244,8 @@ class Run:
                 _budget(options).of(kind),
             )
         else:
-            self._summarise(prepared, history, verdict.code)
+            stop = self._preemption(prepared, verdict.record["ranks"], step)
+            self._summarise(prepared, history, verdict.code, stop)
         scope.put("verdict", decision)
         scope.close()  # wakes every abort watcher of this attempt
         return decision
@@ -253,9 +259,9 @@ class Run:
         failed: list[AttemptFailure | None],
         mine: dict[str, Any],
         coordinator: Coordinator,
-    ) -> tuple[Verdict, bool, Coordination]:
-        """The verdict, whether any rank made progress (a --progress-regex line), and what the
-        coordinator saw (it serves until every result is in)."""
+    ) -> tuple[Verdict, bool, Coordination, int | None]:
+        """The verdict, whether any rank made progress (a --progress-regex line), what the
+        coordinator saw (it serves until every result is in), and the furthest step named."""
         # Waits for every node's result; a lost node's is written by node 0's heartbeat monitor.
         me = self.seat.world.agent_index
         results = results_with_own(scope, list(roster.nodes), me, mine)
@@ -270,7 +276,23 @@ class Run:
         budget = _budget(options)
         script = prepared.plan.script
         verdict = judge(attempt, results, failures, budget, replaceable, failed, script)
-        return verdict, any(r.get("progressed") for r in results), done
+        progressed = any(r.get("progressed") for r in results)
+        return verdict, progressed, done, furthest_step(results)
+
+    def _preemption(
+        self, prepared: Prepared, ranks: Sequence[Mapping[str, Any]], step: int | None
+    ) -> Preemption | None:
+        """Node 0, the run's end, with --checkpoint-dir: the stop for preemption, when the
+        signal reached this agent during the run (None: it did not)."""
+        options, directory = prepared.plan.options, location(prepared.plan)
+        if directory is None or options.checkpoint_dir is None:
+            return None
+        signum = signal.Signals[f"SIG{options.preempt_signal}"]
+        arrived = self.seat.signals.first_since(signum, self.started)
+        if arrived is None:
+            return None
+        written = newest_after(directory, arrived, shown=options.checkpoint_dir)
+        return judge_stop(signum.name, arrived, step, options.checkpoint_dir, written, ranks)
 
     def _coordinator(
         self, prepared: Prepared, scope: Scope, attempt: int, roster: Roster
@@ -322,14 +344,27 @@ class Run:
                     **_seated_record(self.seatings, attempt),
                 }
             )
-            self._summarise(prepared, history, code)
+            self._summarise(prepared, history, code, self._preemption(prepared, [], None))
         self.seat.enter(None)
         return code
 
-    def _summarise(self, prepared: Prepared, history: list[dict[str, Any]], code: int) -> None:
-        job = job_record(self.seat.world, prepared.plan)
+    def _summarise(
+        self,
+        prepared: Prepared,
+        history: list[dict[str, Any]],
+        code: int,
+        stop: Preemption | None = None,
+    ) -> None:
+        plan = prepared.plan
+        job = job_record(self.seat.world, plan)
         excluded = self.roster.excluded if self.roster else ()
         summary = build_summary(job, history, code, excluded=[e.to_json() for e in excluded])
+        if stop is not None:
+            summary["preemption"] = stop.to_json()
+            log.warning("the stop for preemption: %s", stop.details())
+        directory = location(plan)
+        if directory is not None:  # the next job with this dir reads it
+            write_marker(directory, plan.run_id, stop)
         path = outputs.write_summary(prepared.plan.log_dir, summary)
         self.metrics.finished(code)
         shown = path or "not written (see above)"
@@ -362,6 +397,7 @@ def _result(outcome: Outcome) -> dict[str, Any]:
         "warnings": outcome.warnings,
         "failure": outcome.failure,
         "progressed": outcome.progressed,
+        **({"step": outcome.step} if outcome.step is not None else {}),
         **({"leftovers": outcome.leftovers.to_json()} if _worth(outcome.leftovers) else {}),
     }
 

@@ -170,7 +170,11 @@ def render_report(summary: Mapping[str, Any]) -> str:
     tally = ", ".join(f"{n} {state}" for state, n in sorted(counts.items()))
     head = f"job {summary['status']} (exit {summary['exit_code']}) after {len(attempts)} attempt(s): {tally}"
     cause = summary.get("root_cause")
-    lines = [head] + [excluded_line(e) for e in (summary.get("excluded") or [])[:20]]
+    lines = [head]
+    stop = summary.get("preemption")  # agent.run.preemption: its line says it all
+    if isinstance(stop, Mapping) and isinstance(stop.get("line"), str):
+        lines.append(stop["line"])
+    lines += [excluded_line(e) for e in (summary.get("excluded") or [])[:20]]
     lines += [straggler_line(s) for s in (summary.get("stragglers") or [])[:20]]
     if not cause:
         return "\n".join(lines)

@@ -33,6 +33,7 @@ class Outcome:
     refused: str | None = None
     warnings: list[str] = field(default_factory=list)
     progressed: bool = False  # a rank printed a --progress-regex line in this attempt
+    step: int | None = None  # the furthest step this node's ranks named (--progress-regex `step`)
     leftovers: Leftovers | None = None  # what the ranks left on the node (agent.run.leftovers)
 
 
