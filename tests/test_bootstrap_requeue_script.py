@@ -18,11 +18,11 @@ from bootstrap.spec import JobSpec, RequeueSpec, SlurmSpec, StepSpec
 pytestmark = pytest.mark.skipif(shutil.which("bash") is None, reason="no bash")
 
 # srun: the warning reaches the batch shell while the step runs; the shell's trap passes it on
-# to srun, which then ends (no sleep decides the order: each waits for the other's signal).
+# to srun, which then ends (no sleep decides the order: each waits for the other's signal). It
+# warns again until passed on: the first may land before the shell knows srun's pid.
 _SRUN = """#!/bin/bash
 trap 'exit 0' USR2
-kill -USR2 "$PPID"
-while :; do sleep 0.05; done
+while :; do kill -USR2 "$PPID"; sleep 0.2; done
 """
 _SCONTROL = """#!/bin/bash
 echo "$*" >> "$CALLS/scontrol"
