@@ -146,7 +146,7 @@ def _command(channel: Channel, request: dict[str, Any]) -> int:
 
 def _state_note(state: object) -> str:
     return {
-        "gone": "(the rank left pdb and runs on)",
+        "gone": "(the rank left pdb)",  # what it does next, the rank says (pause.hook)
         "running": "(the rank runs on; it will pause again at a breakpoint)",
         "busy": "(still running that command; ask again for its output)",
     }.get(str(state), "")
