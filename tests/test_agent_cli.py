@@ -4,8 +4,10 @@
 from __future__ import annotations
 
 import importlib.metadata
+import os
 import subprocess
 import sys
+import time
 
 import pytest
 from cluster import CHECK_ARGS, REPO, base_env
@@ -129,3 +131,31 @@ def test_a_missing_script_is_one_line_naming_only_the_script(tmp_path):
     assert done.returncode == 2 and done.stderr == (
         "agent: error: the following arguments are required: script (see python -m agent --help)\n"
     )
+
+
+@pytest.mark.parametrize("action", ["stacks", "debug", "top"])
+def test_no_log_dir_and_no_resident_agents_names_the_newest_job_here(tmp_path, action):
+    """`agent stacks` with neither: the one-shot job the user likely meant (the newest under
+    ./logs/, the default log dirs), not only a hint about resident agents."""
+    logs = tmp_path / "logs"
+    for name, file, age in (("4.0", "summary.json", 3600), ("5.0", "control.json", 60)):
+        (logs / name).mkdir(parents=True)
+        (logs / name / file).write_text("{}")
+        os.utime(logs / name / file, (time.time() - age, time.time() - age))
+    (logs / "notes").mkdir()  # newer, but no job's
+    env = base_env(tmp_path)
+    command = [sys.executable, "-m", "agent", action]
+    found = subprocess.run(command, env=env, cwd=tmp_path, capture_output=True, text=True)
+    assert found.returncode == 3, found.stderr
+    assert found.stderr.startswith(
+        f"agent: error: no LOG_DIR given; the newest job's log dir here is logs/5.0: "
+        f"python -m agent {action} logs/5.0 (and no resident agents: "
+    ), found.stderr
+    (tmp_path / "elsewhere").mkdir()
+    none = subprocess.run(
+        command, env=env, cwd=tmp_path / "elsewhere", capture_output=True, text=True
+    )
+    assert none.returncode == 3 and none.stderr.startswith(
+        f"agent: error: no LOG_DIR given; name a one-shot job by its log dir: python -m agent "
+        f"{action} LOG_DIR (and no resident agents: "
+    ), none.stderr

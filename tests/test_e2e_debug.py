@@ -70,8 +70,18 @@ def test_breakpoint_pauses_a_rank_for_a_pdb_session_in_the_terminal(cluster_fact
     detached.expect("stays paused")
     assert detached.close() == 0
 
-    terminal = Terminal.debug(cluster, "--rank", "1")
-    print_x_and_continue(terminal)
+    terminal = Terminal.debug(cluster, "--rank", "1")  # again: where it stopped, as the first time
+    shown = terminal.expect("(Pdb) ").splitlines()
+    assert shown[-3:] == [
+        f"> {JOB}({PAUSE_LINE})<module>()",
+        '-> print("after", x, flush=True)',
+        "(Pdb) ",
+    ], shown
+    terminal.type("p x\n")
+    assert "42" in terminal.expect("(Pdb) ").splitlines()[-2]
+    terminal.type("c\n")
+    terminal.expect("rank 1 left pdb")
+    assert terminal.close() == 0
     assert cluster.wait(60) == [0, 0], cluster.dump()
     assert "after 42" in cluster.rank_file(1).read_text()
     assert not job_processes(cluster.marker)
@@ -106,6 +116,21 @@ def test_one_command_on_every_paused_rank_and_one_client_per_rank(cluster_factor
     assert "after 42" in cluster.rank_file(0).read_text()
 
 
+def test_q_says_the_rank_ends_in_bdbquit_and_it_does(cluster_factory):
+    cluster = cluster_factory(2).start([JOB])
+    _paused(cluster, 1)
+    quit_ = _debug(cluster, "--rank", "1", "-c", "q")
+    assert quit_.returncode == 0, quit_.stderr
+    assert quit_.stdout.splitlines()[3:] == [
+        "[agent] q: the rank raises BdbQuit where it stopped, as under local pdb: uncaught, it "
+        "ends the rank",
+        "(the rank left pdb)",
+    ], quit_.stdout
+    assert cluster.wait(60) == [1, 1], cluster.dump()
+    cause = cluster.summary()["root_cause"]
+    assert cause["rank"] == 1 and "BdbQuit" in str(cause), cause
+
+
 def test_a_paused_rank_is_not_a_hang(cluster_factory):
     # rank 0 waits silently for rank 1, paused: both quiet far beyond --hang-timeout
     cluster = cluster_factory(2).start(["--hang-timeout", "3", "--hang-warning", "2", JOB])
@@ -134,7 +159,8 @@ def test_pdb_pauses_at_the_exception_then_the_job_fails_with_it(cluster_factory)
     terminal = Terminal.debug(cluster, "--rank", "1")
     terminal.expect("(Pdb) ")
     terminal.type("q\n")
-    terminal.expect("rank 1 left pdb")
+    said = terminal.expect("rank 1 left pdb")
+    assert "the rank goes on to fail with its exception (ValueError: bad batch 7)" in said, said
     assert terminal.close() == 0
     assert cluster.wait(60) == [1, 1], cluster.dump()
     cause = cluster.summary()["root_cause"]

@@ -155,3 +155,4 @@ def test_failure_reporter_dying_mid_report_still_ends_the_job(cluster_factory, t
     assert cause["kind"] == "lost" and cause["node_rank"] == 1, cause
     said = cluster.agents[0].stderr()  # the report names the node once (issue 34)
     assert "root cause: node 1 (127.0.0.2) lost: its agent stopped answering" in said, said
+    assert "failure elsewhere (node 1 (127.0.0.2) lost: its agent stopped answering" in said, said

@@ -157,6 +157,26 @@ def test_ranks_the_agents_stopped_are_not_counted_failed():
     assert (attempt.ranks, attempt.failed) == (4, 2)  # rank 0 failed, rank 3 lost with its node
 
 
+@pytest.mark.parametrize(
+    ("nodes", "ranks", "failed"),
+    [
+        ([[0, 1], [2, 3]], 4, 2),  # node 1's two ranks went with it: both count, as failed
+        ([[0, 1], [2, 10**9]], 2 + 2 + (1 << 16) - 2, (1 << 16)),  # a forged range: capped
+        ([None, None], 2, 1),  # an older summary without ranges: its rows, the lost one once
+    ],
+)
+def test_a_lost_nodes_ranks_count_by_its_planned_range(nodes, ranks, failed):
+    """A lost node has one row for all its ranks (rank -1, as node 0 writes it): the attempt
+    still ran 4 ranks, and both of the lost node's failed with it."""
+    attempt = attempt_record(
+        {"ranks": [rank(0, "terminated"), rank(1, "terminated"), rank(-1, "lost", 1)],
+         "nodes": [{"node": n, "host": f"n{n}", "ranks": r} for n, r in enumerate(nodes)],
+         "lost_nodes": [1]},
+        0,
+    )  # fmt: skip
+    assert (attempt.ranks, attempt.failed) == (ranks, failed)
+
+
 def test_a_whole_node_straggler_is_named_as_a_node():
     record = from_summary(summary("1", None, []), NOW)
     assert record.stragglers == ("node 1 (n1)", "rank 3 on n1")

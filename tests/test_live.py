@@ -11,7 +11,7 @@ import sys
 import time
 
 import pytest
-from cluster import base_env
+from cluster import REPO, base_env
 
 pytestmark = pytest.mark.e2e
 
@@ -86,3 +86,69 @@ def test_redirected_output_has_no_escape_codes(tmp_path):
     assert proc.returncode == 0
     assert b"\x1b[" not in proc.stdout + proc.stderr
     assert proc.stdout.count(b": tick ") == 8
+
+
+def test_a_pause_notice_is_a_line_of_its_own_above_the_table(tmp_path):
+    """A rank pausing while the table is up: its notice stays on the screen, on a line of its
+    own, and the table's header on another (a notice written past the table shared its last
+    line, and the next redraw wiped it)."""
+    go, log_dir = tmp_path / "go", tmp_path / "logs"
+    env = base_env(tmp_path)
+    env.update({"COLUMNS": "200", "LINES": "40", "TERM": "xterm-256color", "PAUSE_WHEN": str(go)})
+    master, slave = pty.openpty()
+    argv = [sys.executable, "-m", "agent", "--nproc-per-node", "2", "--log-dir", str(log_dir),
+            str(REPO / "tests" / "fixtures" / "pause_job.py")]  # fmt: skip
+    proc = subprocess.Popen(argv, stdin=slave, stdout=slave, stderr=slave, env=env, cwd=tmp_path)
+    os.close(slave)
+    raw, went_on = b"", None
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([master], [], [], 0.5)
+        if not ready:
+            if proc.poll() is not None:
+                break
+            continue
+        try:
+            data = os.read(master, 65536)
+        except OSError:  # EIO: the agent exited
+            break
+        raw += data
+        plain = ANSI.sub("", raw.decode("utf-8", "replace"))
+        if not go.exists() and "silent" in plain:  # the table is up: now rank 1 pauses
+            go.touch()
+        if went_on is None and "rank 1 paused at" in plain:  # the table redraws meanwhile
+            went_on = subprocess.Popen(
+                [sys.executable, "-m", "agent", "debug", str(log_dir), "--all", "-c", "c"],
+                env=base_env(tmp_path), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            )  # fmt: skip
+    os.close(master)
+    assert proc.wait(30) == 0 and went_on is not None and went_on.wait(30) == 0
+    lines = _screen(raw.decode("utf-8", "replace"))
+    notice = [n for n, line in enumerate(lines) if line.startswith("rank 1 paused at ")]
+    assert len(notice) == 1, "\n".join(lines)
+    assert lines[notice[0]].endswith(f"python -m agent debug {log_dir} --rank 1"), lines
+    header = r"rank\s+host\s+state\s+pid\s+cpu %\s+rss\s+silent"
+    tables = [n for n, line in enumerate(lines) if re.fullmatch(header, line.strip())]
+    assert len(tables) == 1 and tables[0] > notice[0], "\n".join(lines)  # one table, below it
+
+
+def _screen(text: str) -> list[str]:
+    """What a terminal shows after `text`: lines, with the cursor moves and line erasures
+    rich's live display makes (up, erase line, carriage return); colours dropped."""
+    lines, row, col = [""], 0, 0
+    for token in re.findall(r"\x1b\[[0-9;?]*[A-Za-z]|\r|\n|[^\x1b\r\n]+", text):
+        if token == "\r":
+            col = 0
+        elif token == "\n":
+            row += 1
+            lines += [""] * (row + 1 - len(lines))
+        elif token.startswith("\x1b["):
+            if token[-1] == "A":
+                row = max(0, row - int(token[2:-1] or 1))
+            elif token == "\x1b[2K":
+                lines[row] = ""
+        else:
+            line = lines[row].ljust(col)
+            lines[row] = line[:col] + token + line[col + len(token) :]
+            col += len(token)
+    return [line.rstrip() for line in lines if line.strip()]

@@ -76,6 +76,10 @@ class LiveView:
     def stream(self, style: str = "") -> _Stream:
         return _Stream(self._print)
 
+    def note(self, line: str) -> None:
+        """One line of the agent's own (a rank paused), above the table on a line of its own."""
+        self._print(line + "\n")
+
     def _print(self, text: str) -> None:
         with self._lock:
             self.console.print(

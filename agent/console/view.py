@@ -64,7 +64,12 @@ class ConsoleView:
         return self.shown is None or spec.rank in self.shown
 
     def note(self, line: str) -> None:
-        """One line of the agent's own on the console (or to the run's client), e.g. a pause."""
+        """One line of the agent's own on the console (or to the run's client), e.g. a pause.
+        With the live table up, above it as the ranks' lines go: written past the table, it
+        would share the table's last line and the next redraw would take it away."""
+        if self.live is not None:
+            self.live.note(printable(line))
+            return
         data = (printable(line) + "\n").encode(errors="replace")
         stream = self.sinks.err if self.sinks is not None else sys.stderr.buffer
         try:

@@ -131,7 +131,9 @@ class DebugService:
             channel.send({"error": f"{who} is being debugged by {owner}", "code": 2})
             return
         try:
+            # where pdb stopped first, as each client attaching sees it (not only the first)
             request = {"op": "take", "ranks": [rank], "procs": [list(process)], "wait": 0}
+            request["banner"] = True
             answer = _merged(pauses.ask(request))
             output = str(answer.get(answer_key(*process), {}).get("output", ""))
             channel.send({"attached": where.to_json(), "output": output})

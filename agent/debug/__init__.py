@@ -27,7 +27,7 @@ from agent.pause.paused import (
     several,
 )
 from agent.serve import client, pdb_terminal
-from agent.serve.commands import has_verdict, killed, not_live
+from agent.serve.commands import has_verdict, killed, not_live, with_log_dir_hint
 from agent.text import printable
 from agent.usage import Parser
 
@@ -99,7 +99,12 @@ def _connect(
     control = os.path.join(log_dir, "control.json") if log_dir is not None else None
     if control is not None and serve is None and (not os.path.isfile(control) or killed(log_dir)):
         raise not_live(log_dir or "")
-    target = client.locate(environ, home, serve or control)
+    try:
+        target = client.locate(environ, home, serve or control)
+    except AgentError as exc:
+        if serve is not None or control is not None:
+            raise
+        raise with_log_dir_hint(exc, "debug") from None
     try:
         return client.open_channel(target, environ, home), target.run
     except AgentError as exc:
@@ -146,7 +151,7 @@ def _command(channel: Channel, request: dict[str, Any]) -> int:
 
 def _state_note(state: object) -> str:
     return {
-        "gone": "(the rank left pdb and runs on)",
+        "gone": "(the rank left pdb)",  # what it does next, the rank says (pause.hook)
         "running": "(the rank runs on; it will pause again at a breakpoint)",
         "busy": "(still running that command; ask again for its output)",
     }.get(str(state), "")

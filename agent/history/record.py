@@ -15,6 +15,7 @@ from typing import Any
 from agent.plan.run_id import run_id
 
 TEXT_CAP = 1000  # characters of a command or a cause kept in the database
+MAX_NODE_RANKS = 1 << 16  # ranks one node's range may count (a summary anyone could write)
 
 
 @dataclass(frozen=True)
@@ -108,19 +109,35 @@ def attempt_record(attempt: Mapping[str, Any], position: int) -> AttemptRecord:
     ends = [t for t in (_time(r.get("end")) for r in ranks) if t is not None]
     nodes = [n for n in _list(attempt.get("nodes")) if _is_map(n)]
     ran = {r.get("node_rank") for r in ranks if r.get("state") != "lost"}
+    planned = _planned(nodes)  # a lost node has one row for all its ranks (rank -1)
     return AttemptRecord(
         attempt=_int(attempt.get("attempt"), position),
         start=min(starts) if starts else None,
         end=max(ends) if ends else None,
         nodes=len(nodes) or len(ran),
-        ranks=sum(1 for r in ranks if _int(r.get("rank"), -1) >= 0),
-        failed=sum(1 for r in ranks if r.get("state") not in ("succeeded", "terminated")),
+        ranks=sum(planned.values()) or sum(1 for r in ranks if _int(r.get("rank"), -1) >= 0),
+        failed=sum(
+            planned.get(r.get("node_rank"), 1) if _int(r.get("rank"), -1) < 0 else 1
+            for r in ranks
+            if r.get("state") not in ("succeeded", "terminated")
+        ),
         spares=tuple(_text(h, 256) for h in _list(attempt.get("spares"))[:1000]),
         lost_nodes=tuple(_int(n, -1) for n in _list(attempt.get("lost_nodes"))[:1000]),
         cause=cause_line(attempt.get("root_cause")),
         failure_class=_failure_class(attempt.get("failure")),
         held=_held(attempt.get("leftovers")),
     )
+
+
+def _planned(nodes: Sequence[Mapping[str, Any]]) -> dict[int, int]:
+    """How many ranks each node of an attempt was to run (its `ranks`: [first, last])."""
+    planned = {}
+    for node in nodes:
+        first_last = _list(node.get("ranks"))
+        if len(first_last) == 2 and all(_int(n, -1) >= 0 for n in first_last):
+            size = first_last[1] - first_last[0] + 1
+            planned[_int(node.get("node"), -1)] = max(0, min(size, MAX_NODE_RANKS))
+    return planned
 
 
 def _held(leftovers: Any) -> str | None:

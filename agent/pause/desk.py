@@ -17,7 +17,7 @@ Several processes of one rank may pause at once (a forked DataLoader worker stop
 Requests: {"op": "list"} → {"paused": [records]}; {"op": "send", "ranks", "line", "wait"} and
 {"op": "take", "ranks", "wait"} → {"answers": {"<rank>:<pid>": {"output", "state"}}} for the
 paused processes of those ranks this node holds; "procs": [[rank, pid], ...] narrows a request
-to those processes.
+to those processes; "banner": true (a take for a client attaching) puts where pdb stopped first.
 """
 
 from __future__ import annotations
@@ -199,7 +199,7 @@ class PauseDesk:
             if isinstance(line, str) and op == "send":
                 output, state = link.exchange(line, wait)
             else:
-                output, state = link.take(wait)
+                output, state = link.take(wait, banner=request.get("banner") is True)
             answers[answer_key(*process)] = {"output": output, "state": state}
 
         threads = [threading.Thread(target=one, args=item) for item in links.items()]

@@ -141,10 +141,25 @@ class RemotePdb(pdb.Pdb):
         finally:
             self.forget()
             done = self.quitting or self.post_mortem or (self.continued and not self.breaks)
+            if done and (after := self._after()):
+                self.message(after)
             self.stdout.flush()
             self.link.send({"running": True, "done": bool(done)})
             if done:
                 self.link.close()
+
+    def _after(self) -> str:
+        """What the rank does once out of pdb, when it is not simply running on: said here, where
+        it is known (`agent debug -c q` otherwise reads as a rank that runs on)."""
+        if self.post_mortem:
+            exception = self.reason.removeprefix("exception: ")
+            return f"[agent] the rank goes on to fail with its exception ({exception})"
+        if self.quitting:
+            return (
+                "[agent] q: the rank raises BdbQuit where it stopped, as under local pdb: "
+                "uncaught, it ends the rank"
+            )
+        return ""
 
     def set_continue(self) -> None:
         self.continued = True

@@ -12,6 +12,7 @@ from agent.pause.frames import encode, read
 from agent.pause.paused import Paused, line_refused
 
 MAX_OUTPUT = 4 << 20  # characters of pdb output kept for the next answer (the oldest go)
+MAX_BANNER = 64 << 10  # characters kept of what pdb printed on stopping (shown to each client)
 PROMPT = "prompt"  # pdb waits for a line
 BUSY = "busy"  # a line was sent; pdb has not asked for the next one yet
 RUNNING = "running"  # the rank runs on (`c` with breakpoints left, `n` over a long call)
@@ -28,6 +29,8 @@ class RankLink:
         self.state = BUSY  # until pdb first asks for a line
         self._output: list[str] = []
         self._size = 0
+        self._banner = ""  # what pdb printed on stopping (`> file(line)function()`, `-> source`)
+        self._stopping = False  # between a stop and pdb's first prompt after it
         self._cond = threading.Condition()
 
     def start(self) -> None:
@@ -56,11 +59,16 @@ class RankLink:
             self._cond.wait_for(lambda: self.state != BUSY, wait)
             return self._take(), self.state
 
-    def take(self, wait: float) -> tuple[str, str]:
-        """What pdb printed since the last answer, waiting up to `wait` s while it is busy."""
+    def take(self, wait: float, banner: bool = False) -> tuple[str, str]:
+        """What pdb printed since the last answer, waiting up to `wait` s while it is busy;
+        `banner` (a client attaching): after where pdb stopped, which an earlier client may
+        have taken already."""
         with self._cond:
             self._cond.wait_for(lambda: self.state != BUSY, wait)
-            return self._take(), self.state
+            output = self._take()
+            if banner and self._banner not in output:
+                output = self._banner + output
+            return output, self.state
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
@@ -97,11 +105,17 @@ class RankLink:
                 with contextlib.suppress(ValueError):
                     paused = self.where = Paused.from_json(record)
                 self.state = BUSY
+                self._banner, self._stopping = "", True
             elif isinstance(text := message.get("out"), str):
                 self._add(text)
+                if self._stopping and len(self._banner) < MAX_BANNER:
+                    self._banner += text[: MAX_BANNER - len(self._banner)]
             elif isinstance(prompt := message.get("ready"), str):
                 if self._output and self._output[-1].endswith(prompt) and prompt:
                     self._output[-1] = self._output[-1][: -len(prompt)]
+                if self._stopping and prompt:
+                    self._banner = self._banner.removesuffix(prompt)
+                self._stopping = False
                 self.state = PROMPT
             elif message.get("running"):
                 self.state = GONE if message.get("done") else RUNNING

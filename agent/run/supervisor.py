@@ -18,7 +18,7 @@ from agent.plan.ranks import RankSpec
 from agent.run import workers as w
 from agent.run.binding_check import BindingCheck
 from agent.run.leftovers import Leftovers
-from agent.run.summary import RankExit, failure_record, node_failure
+from agent.run.summary import RankExit, cause_line, failure_record, node_failure
 
 log = logging.getLogger("agent")
 IDLE_TICK = 1.0  # seconds between the supervisor's looks when nothing happens
@@ -158,14 +158,8 @@ class Supervisor:
             self._stop(f"refused the abort record: {record['refused']}")
             return
         if self._deadline is None:
-            where = (
-                f"rank {record['rank']} on {record['host']}"
-                if record.get("kind") == "rank"
-                else record.get("host")
-            )
-            self._stop(
-                f"failure elsewhere ({where}: {record.get('how')})", _operator_signal(record)
-            )
+            # in the report's words: `node 1 (n1) lost: ...`, the node named once
+            self._stop(f"failure elsewhere ({cause_line(record)})", _operator_signal(record))
 
     def _on_signal(self, signum: int, how: str | None = None) -> None:
         name = signal.Signals(signum).name

@@ -31,7 +31,12 @@ def main(action: str, argv: Sequence[str], environ: Mapping[str, str]) -> int:
         command = replace(command, serve_file=_control(log_dir), log_dir=log_dir)
     if log_dir is not None and (not os.path.isfile(_control(log_dir)) or killed(log_dir)):
         raise not_live(log_dir)
-    target = client.locate(environ, home, command.serve_file)
+    try:
+        target = client.locate(environ, home, command.serve_file)
+    except AgentError as exc:
+        if command.serve_file is not None or action not in LOG_DIR_ACTIONS:
+            raise
+        raise with_log_dir_hint(exc, action) from None
     try:
         channel = client.open_channel(target, environ, home)
     except AgentError as exc:
@@ -120,6 +125,45 @@ def not_live(log_dir: str) -> AgentError:
         "summary.json: the job has not started yet, or this is not a job's log dir",
         ExitCode.RENDEZVOUS,
     )
+
+
+LOG_DIR_ACTIONS = ("stacks", "top", "debug")  # the clients that also reach a one-shot job
+MAX_LISTED = 100_000  # entries of logs/ looked at for the newest job
+
+
+def with_log_dir_hint(exc: AgentError, action: str) -> AgentError:
+    """No LOG_DIR and no resident agents found: `exc`, and the one-shot job the user may have
+    meant (the newest under ./logs/, where a job's log dir goes by default)."""
+    if exc.code != ExitCode.RENDEZVOUS:
+        return exc
+    newest = newest_job_dir("logs")
+    job = (
+        f"the newest job's log dir here is {newest}: python -m agent {action} {newest}"
+        if newest is not None
+        else f"name a one-shot job by its log dir: python -m agent {action} LOG_DIR"
+    )
+    return AgentError(f"no LOG_DIR given; {job} (and {exc.message})", exc.code)
+
+
+def newest_job_dir(base: str) -> str | None:
+    """The directory under `base` whose job wrote last (its control.json or summary.json:
+    node 0 writes them when the job starts and ends), as `base/NAME`; None when there is none."""
+    best: tuple[float, str] | None = None
+    try:
+        with os.scandir(base) as entries:
+            for n, entry in enumerate(entries):
+                if n >= MAX_LISTED:
+                    break
+                for name in ("control.json", "summary.json"):
+                    try:
+                        when = os.stat(os.path.join(entry.path, name)).st_mtime
+                    except OSError:
+                        continue
+                    if best is None or (when, entry.name) > best:
+                        best = (when, entry.name)
+    except OSError:
+        return None
+    return None if best is None else os.path.join(base, best[1])
 
 
 def killed(log_dir: str) -> bool:
