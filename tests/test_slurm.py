@@ -176,8 +176,9 @@ def test_resident_agents_in_an_salloc(slurm, tmp_path):
 
 def test_a_breakpoint_under_slurm_is_debugged_from_the_salloc_shell(slurm, tmp_path):
     """`srun ... python -m agent job.py &` in an salloc shell; rank 1 (on the second node)
-    stops at breakpoint(); from the same shell `agent debug LOG_DIR` lists it, prints a local
-    and continues it; the job then ends 0 with the rank's last line in its file."""
+    stops at breakpoint(); from the same shell `agent top LOG_DIR --once` shows both ranks on
+    their nodes, `agent debug LOG_DIR` lists rank 1, prints a local and continues it; the job
+    then ends 0 with the rank's last line in its file."""
     job = str(REPO / "tests" / "fixtures" / "pause_job.py")
     logs, py = tmp_path / "logs", sys.executable
     session = tmp_path / "session.sh"
@@ -187,6 +188,7 @@ def test_a_breakpoint_under_slurm_is_debugged_from_the_salloc_shell(slurm, tmp_p
         # Await the pause (bounded): the job's control.json, then rank 1 listed as paused.
         f"for i in $(seq 900); do {py} -m agent debug {logs} --list 2>/dev/null "
         "| grep -q '^rank 1 ' && break; sleep 0.2; done\n"
+        f"{py} -m agent top {logs} --once; echo top=$?\n"
         f"{py} -m agent debug {logs} --list; echo list=$?\n"
         f"{py} -m agent debug {logs} --rank 1 -c 'p x'; echo p=$?\n"
         f"{py} -m agent debug {logs} --rank 1 -c c; echo c=$?\n"
@@ -195,8 +197,12 @@ def test_a_breakpoint_under_slurm_is_debugged_from_the_salloc_shell(slurm, tmp_p
     proc = _salloc_session(session, tmp_path / "state")
     out = proc.stdout
     told = out + proc.stderr + (tmp_path / "job.err").read_text(errors="replace")
+    assert "top=0" in out, told
+    rows = [line.split() for line in out.split("top=0")[0].splitlines()]
+    ranks = {int(cells[0]): cells[1] for cells in rows if cells and cells[0].isdigit()}
+    assert ranks == {0: "n1", 1: "n2"}, told  # every rank's row, from the node that runs it
     assert "list=0" in out and "p=0" in out and "c=0" in out and "srun=0" in out, told
-    listed = out.split("list=0")[0]
+    listed = out.split("top=0")[1].split("list=0")[0]
     assert listed.strip().splitlines()[-1].startswith("rank 1 (n2): "), told
     assert "pause_job.py:" in listed and "(breakpoint)" in listed, told
     assert "42\n" in out.split("list=0")[1].split("p=0")[0], told
