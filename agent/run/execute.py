@@ -10,7 +10,6 @@ live in the scopes `r<run>/l<attempt>` and `r<run>/a<attempt>`.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +20,7 @@ from agent.hang.nccl_dumps import dump_findings
 from agent.hang.recorder import with_probe
 from agent.metrics.recorder import RunMetrics
 from agent.node import stage as stages
+from agent.node.failure import Failure
 from agent.node.scope import Scope
 from agent.node.seat import RunSeat
 from agent.node.stage import Stage
@@ -33,10 +33,10 @@ from agent.run.bounded_wait import await_verdict, results_with_own
 from agent.run.coordinator import Coordination, Coordinator
 from agent.run.failure_class import AttemptFailure
 from agent.run.leftovers import Leftovers
-from agent.run.lineup import Lineup, seating
+from agent.run.lineup import Lineup, LineupEnd, seating
 from agent.run.prepare import Prepared, replanned
 from agent.run.roll_call import RollCall
-from agent.run.summary import build_summary, cause_line, job_record, render_report
+from agent.run.summary import build_summary, job_record, render_report
 from agent.run.supervisor import Outcome
 from agent.run.tools import RunTools
 from agent.run.verdict import Budget, Verdict, guard_loop, judge, with_collectives
@@ -224,7 +224,7 @@ class Run:
             }
         )
         decision = {"restart": verdict.restart, "code": verdict.code}
-        cause = (verdict.root_cause or {}).get("time")
+        cause = verdict.root_cause.time if verdict.root_cause else None
         self.metrics.attempt_ended(attempt, cause, [e.get("end") for e in verdict.record["ranks"]])
         if verdict.restart and verdict.failure is not None:
             kind = verdict.failure.failure_class
@@ -233,7 +233,7 @@ class Run:
                 "attempt %d failed (%s: %s); restarting the whole world (%s restart %d of %d)",
                 attempt,
                 kind.value,
-                cause_line(verdict.root_cause) if verdict.root_cause else None,
+                verdict.root_cause.line() if verdict.root_cause else None,
                 kind.value,
                 spent,
                 _budget(options).of(kind),
@@ -260,7 +260,7 @@ class Run:
         me = self.seat.world.agent_index
         results = results_with_own(scope, list(roster.nodes), me, mine)
         done = coordinator.close()
-        failures = [r["failure"] for r in results if r.get("failure")]
+        failures = [f for f in map(Failure.from_json, (r.get("failure") for r in results)) if f]
         failures += self.seat.lost_failures(scope)
         if done.failure is not None:
             failures.append(done.failure)
@@ -308,16 +308,16 @@ class Run:
         self.seatings.append(record)
         outputs.write_ranks(plan.log_dir, self.seatings, plan.nproc_per_node, per_task)
 
-    def _end(self, prepared: Prepared, history: list[dict[str, Any]], end: Mapping) -> int:
+    def _end(self, prepared: Prepared, history: list[dict[str, Any]], end: LineupEnd) -> int:
         """The lineup found no way on (too few nodes, node 0 unhealthy, a stop mid-round)."""
-        code, cause = int(end["code"]), dict(end.get("cause") or {})
-        log.error("the job cannot go on: %s", cause.get("how"))
+        code, cause = end.code, end.cause
+        log.error("the job cannot go on: %s", cause.how if cause else None)
         if self.seat.leader:
             attempt = len(history)
             history.append(
                 {
                     "attempt": attempt,
-                    "root_cause": cause,
+                    "root_cause": cause.to_json() if cause else {},
                     "ranks": [],
                     **_seated_record(self.seatings, attempt),
                 }
@@ -360,7 +360,7 @@ def _result(outcome: Outcome) -> dict[str, Any]:
         "signal": outcome.signum,
         "refused": outcome.refused,
         "warnings": outcome.warnings,
-        "failure": outcome.failure,
+        "failure": outcome.failure.to_json() if outcome.failure else None,
         "progressed": outcome.progressed,
         **({"leftovers": outcome.leftovers.to_json()} if _worth(outcome.leftovers) else {}),
     }
