@@ -9,6 +9,7 @@ import pytest
 
 from agent.errors import ExitCode
 from agent.node.failure import Failure, Kind
+from agent.node.result import Result
 from agent.run.failure_class import FailureClass, Frame, classify, signature_of
 from agent.run.verdict import Budget, judge
 
@@ -52,9 +53,9 @@ def _raised(exception: str, line: int, seq: int = 1, via: str = "traceback") -> 
                  **({"stderr_tail": text.splitlines()[-20:]} if via == "stderr" else {}))  # fmt: skip
 
 
-OK = {"exits": [{"rank": 0, "state": "succeeded", "returncode": 0}]}
-FAILED = {"exits": [{"rank": 1, "state": "failed", "returncode": 1}]}
-LOST = {"lost": True, "node": 1, "host": "n1", "exits": []}
+OK = Result.from_json({"exits": [{"rank": 0, "state": "succeeded", "returncode": 0}]})
+FAILED = Result.from_json({"exits": [{"rank": 1, "state": "failed", "returncode": 1}]})
+LOST = Result.from_json({"lost": True, "node": 1, "host": "n1", "exits": []})
 LOST_RECORD = failure({"kind": "lost", "node_rank": 1, "host": "n1", "how": "lost: its agent stopped", "seq": 1})  # fmt: skip
 SCHEDULER = failure({"kind": "signal", "node_rank": 0, "host": "n0", "how": "agent received SIGTERM",
              "signal": "SIGTERM", "seq": 1})  # fmt: skip
@@ -67,7 +68,7 @@ KEY_88 = ([OK, FAILED], [_raised("KeyError", 88)])
 EXIT_3 = ([OK, FAILED], [_rank(1, returncode=3)])
 EXIT_4 = ([OK, FAILED], [_rank(1, returncode=4)])
 NODE_LOST = ([OK, LOST], [LOST_RECORD])
-STOPPED = ([OK, {**FAILED, "signal": 15}], [SCHEDULER])
+STOPPED = ([OK, replace(FAILED, signal=15)], [SCHEDULER])
 HUNG = ([OK, OK], [HANG])
 
 

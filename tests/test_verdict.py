@@ -7,6 +7,7 @@ from dataclasses import replace
 import pytest
 
 from agent.node.failure import Failure, Kind, closed
+from agent.node.result import Result
 from agent.run.failure_class import AttemptFailure, FailureClass, Signature
 from agent.run.verdict import Budget, judge, root_cause
 
@@ -15,9 +16,9 @@ def _exit(rank: int, state: str, code: int | None = 0) -> dict:
     return {"rank": rank, "state": state, "returncode": code}
 
 
-OK = {"exits": [_exit(0, "succeeded"), _exit(1, "succeeded")]}
-FAILED = {"exits": [_exit(2, "failed", 3), _exit(3, "terminated", -15)]}
-LOST = {"lost": True, "node": 1, "host": "n1", "exits": []}
+OK = Result.from_json({"exits": [_exit(0, "succeeded"), _exit(1, "succeeded")]})
+FAILED = Result.from_json({"exits": [_exit(2, "failed", 3), _exit(3, "terminated", -15)]})
+LOST = Result.from_json({"lost": True, "node": 1, "host": "n1", "exits": []})
 RANK_FAILURE = Failure(Kind.RANK, "exit code 3", rank=2, seq=1)
 LOST_FAILURE = Failure(Kind.LOST, "node 1 lost", node_rank=1, seq=2)
 STOP_FAILURE = Failure(Kind.SIGNAL, "agent received SIGINT", signal="SIGINT", seq=1)
@@ -32,12 +33,12 @@ STOP_FAILURE = Failure(Kind.SIGNAL, "agent received SIGINT", signal="SIGINT", se
         ([OK, FAILED], [RANK_FAILURE], 2, 2, 1, False),  # restarts used up (two before it)
         ([OK, LOST], [LOST_FAILURE], 0, 0, 3, False),
         ([OK, LOST], [LOST_FAILURE], 0, 5, 3, False),  # the same world cannot run without it
-        ([OK, {**FAILED, "refused": "forged abort record"}], [RANK_FAILURE], 0, 3, 4, True),
+        ([OK, replace(FAILED, refused="forged abort record")], [RANK_FAILURE], 0, 3, 4, True),
         # An operator's stop (Ctrl-C, scancel): 128 + N as every agent exits, never a restart
-        ([OK, {**FAILED, "signal": 2}], [RANK_FAILURE], 0, 3, 130, False),  # during a teardown
-        ([OK, {**FAILED, "signal": 2}], [STOP_FAILURE], 0, 3, 130, False),
+        ([OK, replace(FAILED, signal=2)], [RANK_FAILURE], 0, 3, 130, False),  # during a teardown
+        ([OK, replace(FAILED, signal=2)], [STOP_FAILURE], 0, 3, 130, False),
         ([OK, OK], [replace(STOP_FAILURE, signal="SIGTERM")], 0, 0, 143, False),  # on another node
-        ([OK, {**LOST, "signal": 15}], [LOST_FAILURE], 0, 0, 143, False),
+        ([OK, replace(LOST, signal=15)], [LOST_FAILURE], 0, 0, 143, False),
     ],
 )
 def test_exit_code_and_restart(results, failures, attempt, max_restarts, code, restart):

@@ -17,6 +17,7 @@ from dataclasses import replace
 
 from agent.node.failure import Failure, Kind
 from agent.node.membership import Membership
+from agent.node.result import Result
 from agent.node.scope import Scope
 from agent.node.store import Store
 from agent.world import World
@@ -99,9 +100,7 @@ class Reporter:
             with contextlib.suppress(Exception), self._lock:
                 side = scope.on(self._side)
                 if side.get_if(f"result/{index}", "result") is None:  # a forgery: not a result
-                    side.put(
-                        f"result/{index}", {"lost": True, "node": node, "host": host, "exits": []}
-                    )
+                    side.put(f"result/{index}", Result.gone(node, host).to_json())
 
     def lost_failures(self, scope: Scope) -> list[Failure]:
         """Node 0: what it reported for lost nodes, and what they reported before vanishing."""

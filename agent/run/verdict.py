@@ -10,6 +10,7 @@ from typing import Any
 
 from agent.errors import ExitCode
 from agent.node.failure import Failure, Kind
+from agent.node.result import Result
 from agent.run.failure_class import AttemptFailure, FailureClass, classify
 from agent.run.summary import RankExit
 
@@ -47,26 +48,26 @@ def root_cause(failures: Sequence[Failure]) -> Failure | None:
 
 def judge(
     attempt: int,
-    results: Sequence[Mapping[str, Any]],
+    results: Sequence[Result],
     failures: Sequence[Failure],
     budget: Budget,
     replaceable: bool = False,
     earlier: Sequence[AttemptFailure | None] = (),
     script: str = "",
 ) -> Verdict:
-    """`results`: one per node ({"exits": [...], "signal", "refused", ...} or {"lost": True,
-    "node", "host"}); `failures`: every failure record published in this attempt;
+    """`results`: one per node (how its ranks ended, or that node 0 declared it lost);
+    `failures`: every failure record published in this attempt;
     `replaceable`: a spare (or a smaller world) can stand in for the lost nodes; `earlier`:
     how the run's earlier attempts failed, in order (each one was restarted); `script`: the
     run's, named by a failure without a traceback."""
     cause = root_cause(failures)
-    ranks = [dict(e) for r in results for e in r.get("exits", [])]
-    lost = [r for r in results if r.get("lost")]
+    ranks = [dict(e) for r in results for e in r.exits]
+    lost = [r for r in results if r.lost]
     for r in lost:
-        gone = RankExit(-1, -1, r["node"], r["host"], None, None, "lost", 0.0, None, attempt)
+        gone = RankExit(-1, -1, r.node, r.host, None, None, "lost", 0.0, None, attempt)
         ranks.append(gone.to_json())
     code = _code(cause, ranks, lost, results)
-    signalled = any(r.get("signal") for r in results)
+    signalled = any(r.signal for r in results)
     # An operator's stop is final; a lost node's place must be filled before the world can run;
     # a store an outsider tampers with would only be tampered with again.
     failure = classify(cause, failures, bool(lost), script) if code != ExitCode.OK else None
@@ -81,10 +82,10 @@ def judge(
         "attempt": attempt,
         "root_cause": cause.to_json() if cause else None,
         "ranks": sorted(ranks, key=lambda e: e["rank"]),
-        "lost_nodes": [r["node"] for r in lost],
-        "warnings": [w for r in results for w in r.get("warnings") or []][:1000],
+        "lost_nodes": [r.node for r in lost],
+        "warnings": [w for r in results for w in r.warnings][:1000],
         # what each node's audit ended or found still holding it (agent.run.leftovers)
-        "leftovers": [dict(r["leftovers"]) for r in results if r.get("leftovers")][:1000],
+        "leftovers": [dict(r.leftovers) for r in results if r.leftovers][:1000],
         **({"failure": failure.to_json()} if failure is not None else {}),
     }
     verdict = Verdict(int(code), restart, cause, record, failure)
@@ -142,25 +143,25 @@ def _called_off(verdict: Verdict, kind: Kind, how: str, attempts: list[int]) -> 
     )
 
 
-def _stop_signal(cause: Failure | None, results: Sequence[Mapping[str, Any]]) -> int | None:
+def _stop_signal(cause: Failure | None, results: Sequence[Result]) -> int | None:
     """The signal an operator stopped the attempt with (Ctrl-C, scancel): the root cause's when
     the stop came first, else the one an agent received while its node was already stopping."""
     name = cause.signal if cause is not None and cause.kind is Kind.SIGNAL else None
     if isinstance(name, str) and name in signal.Signals.__members__:
         return int(signal.Signals[name])
-    return next((int(r["signal"]) for r in results if isinstance(r.get("signal"), int)), None)
+    return next((r.signal for r in results if r.signal is not None), None)
 
 
 def _code(
     cause: Failure | None,
     ranks: Sequence[Mapping[str, Any]],
-    lost: Sequence[Mapping[str, Any]],
-    results: Sequence[Mapping[str, Any]],
+    lost: Sequence[Result],
+    results: Sequence[Result],
 ) -> int:
     stop = _stop_signal(cause, results)
     if stop:  # README's table: 130 after SIGINT, 143 after SIGTERM, whatever the ranks did then
         return 128 + stop
-    if any(r.get("refused") for r in results) or tampered(cause):
+    if any(r.refused for r in results) or tampered(cause):
         return ExitCode.REFUSED
     if lost or (cause is not None and cause.kind is Kind.LOST):
         return ExitCode.RENDEZVOUS
