@@ -20,6 +20,10 @@ class ExitCode(enum.IntEnum):
 class AgentError(Exception):
     """A failure the user can fix: rendered as one line, never as a traceback."""
 
+    # The agent found the job store tampered with (agent.node.sealed.Tampered): the failure
+    # record it tells the others says so (agent.node.failure.Failure.tampering).
+    tampering = False
+
     def __init__(self, message: str, code: ExitCode = ExitCode.USAGE) -> None:
         super().__init__(message)
         self.message = message

@@ -13,6 +13,7 @@ import pytest
 from torch.distributed import TCPStore
 
 from agent.errors import ExitCode, PeerFailed
+from agent.node.failure import Failure, Kind
 from agent.node.membership import SCOPE as MEMBERSHIP
 from agent.node.scope import Scope
 from agent.node.sealed import TAMPERING, Tampered
@@ -168,6 +169,6 @@ def test_a_node_that_found_the_tampering_first_ends_the_others_wait(server) -> N
     with pytest.raises(Tampered) as caught:
         wait_verdict(first)
     how = caught.value.message  # node 1 stops and tells the attempt (its farewell), over `closed`
-    first.report({"kind": "setup", "host": "n1", "how": how})
+    first.report(Failure(Kind.SETUP, how, host="n1", tampering=caught.value.tampering))
     with pytest.raises(Tampered, match="n1 found the store tampered with"):
         wait_verdict(second, "result/2")

@@ -114,7 +114,9 @@ def test_verdict() -> None:
         NodeOutput(1, "b", "", 2),
         NodeOutput(2, "c", "", None),
     )
-    forged = NodeOutput(3, "d", "", None, missing="store tampering suspected at la/x/exec/result/3")
+    forged = NodeOutput(
+        3, "d", "", None, missing="store tampering suspected at la/x/exec/result/3", tampered=True
+    )
     assert [remote.verdict(r) for r in ([ok], [ok, bad], [ok, bad, gone], [ok, gone, forged])] == [
         0,
         1,

@@ -3,9 +3,13 @@ over two attempts in a row — as tables."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from agent.errors import ExitCode
+from agent.node.failure import Failure, Kind
+from agent.node.result import Result
 from agent.run.failure_class import FailureClass, Frame, classify, signature_of
 from agent.run.verdict import Budget, judge
 
@@ -30,25 +34,32 @@ def _traceback(exception: str, line: int, lib: bool = True) -> str:
     return "\n".join(["Traceback (most recent call last):", *frames, f"{exception}: bad"])
 
 
-def _rank(seq: int, rank: int = 1, returncode: int = 1, **more) -> dict:
+def _rank(seq: int, rank: int = 1, returncode: int = 1, **more) -> Failure:
     how = f"exit code {returncode}" if returncode >= 0 else "killed by SIGSEGV"
     record = {"kind": "rank", "rank": rank, "node_rank": 0, "host": "n0", "how": how}
-    return {**record, "returncode": returncode, "stderr_tail": [], "seq": seq, **more}
+    return failure({**record, "returncode": returncode, "stderr_tail": [], "seq": seq, **more})
 
 
-def _raised(exception: str, line: int, seq: int = 1, via: str = "traceback") -> dict:
+def failure(record: dict) -> Failure:
+    """A record as the store carries it, read back as the agent reads it."""
+    found = Failure.from_json(record)
+    assert found is not None
+    return found
+
+
+def _raised(exception: str, line: int, seq: int = 1, via: str = "traceback") -> Failure:
     text = _traceback(exception, line)
     return _rank(seq, **({"traceback": text} if via == "traceback" else {}),
                  **({"stderr_tail": text.splitlines()[-20:]} if via == "stderr" else {}))  # fmt: skip
 
 
-OK = {"exits": [{"rank": 0, "state": "succeeded", "returncode": 0}]}
-FAILED = {"exits": [{"rank": 1, "state": "failed", "returncode": 1}]}
-LOST = {"lost": True, "node": 1, "host": "n1", "exits": []}
-LOST_RECORD = {"kind": "lost", "node_rank": 1, "host": "n1", "how": "lost: its agent stopped", "seq": 1}  # fmt: skip
-SCHEDULER = {"kind": "signal", "node_rank": 0, "host": "n0", "how": "agent received SIGTERM",
-             "signal": "SIGTERM", "seq": 1}  # fmt: skip
-HANG = {"kind": "hang", "node_rank": 0, "host": "n0", "how": "hang: no progress for 8 s", "seq": 1}
+OK = Result.from_json({"exits": [{"rank": 0, "state": "succeeded", "returncode": 0}]})
+FAILED = Result.from_json({"exits": [{"rank": 1, "state": "failed", "returncode": 1}]})
+LOST = Result.from_json({"lost": True, "node": 1, "host": "n1", "exits": []})
+LOST_RECORD = failure({"kind": "lost", "node_rank": 1, "host": "n1", "how": "lost: its agent stopped", "seq": 1})  # fmt: skip
+SCHEDULER = failure({"kind": "signal", "node_rank": 0, "host": "n0", "how": "agent received SIGTERM",
+             "signal": "SIGTERM", "seq": 1})  # fmt: skip
+HANG = failure({"kind": "hang", "node_rank": 0, "host": "n0", "how": "hang: no progress for 8 s", "seq": 1})  # fmt: skip
 # (results, failures) of one attempt
 VALUE_88 = ([OK, FAILED], [_raised("ValueError", 88)])
 VALUE_88_STDERR = ([OK, FAILED], [_raised("ValueError", 88, via="stderr")])
@@ -57,7 +68,7 @@ KEY_88 = ([OK, FAILED], [_raised("KeyError", 88)])
 EXIT_3 = ([OK, FAILED], [_rank(1, returncode=3)])
 EXIT_4 = ([OK, FAILED], [_rank(1, returncode=4)])
 NODE_LOST = ([OK, LOST], [LOST_RECORD])
-STOPPED = ([OK, {**FAILED, "signal": 15}], [SCHEDULER])
+STOPPED = ([OK, replace(FAILED, signal=15)], [SCHEDULER])
 HUNG = ([OK, OK], [HANG])
 
 
@@ -98,9 +109,10 @@ def test_two_attempts_in_a_row(first, second, budget, restart, code, cause):
     after = judge(1, *second, budget, replaceable=True, earlier=[before.failure], script=SCRIPT)
     assert (after.restart, after.code) == (restart, code)
     if cause is not None:
-        assert after.root_cause["how"] == cause and after.root_cause["kind"] == "same_failure"
-        assert after.root_cause["failure"] == second[1][0], "the attempt's own failure kept"
-        assert after.record["root_cause"] == after.root_cause
+        assert after.root_cause.how == cause and after.root_cause.kind is Kind.SAME_FAILURE
+        assert after.root_cause.failure == second[1][0], "the attempt's own failure kept"
+        assert after.record["root_cause"] == after.root_cause.to_json()
+        assert after.record["root_cause"]["kind"] == "same_failure"
     else:
         assert after.root_cause == second[1][0]
 
@@ -113,19 +125,19 @@ def test_two_attempts_in_a_row(first, second, budget, restart, code, cause):
         (_rank(1, returncode=-11), [], False, FailureClass.PROGRAM, "rank 1: killed by SIGSEGV from train.py"),
         (LOST_RECORD, [], True, FailureClass.INFRA, "node 1 (n1) lost"),
         # a rank's ValueError, then its node lost: a lost node explains the attempt
-        (_raised("ValueError", 88), [{**LOST_RECORD, "seq": 2}], False, FailureClass.INFRA, "node 1 (n1) lost"),
+        (_raised("ValueError", 88), [replace(LOST_RECORD, seq=2)], False, FailureClass.INFRA, "node 1 (n1) lost"),
         (SCHEDULER, [], False, FailureClass.INFRA, "signal"),
         (HANG, [], False, FailureClass.INFRA, "hang"),
-        ({"kind": "excluded", "node_rank": 2, "how": "failed its health check", "seq": 1}, [],
+        (failure({"kind": "excluded", "node_rank": 2, "how": "failed its health check", "seq": 1}), [],
          False, FailureClass.INFRA, "excluded"),
         (None, [], False, FailureClass.INFRA, "no failure record"),
         # a connection reset first, its peer's ValueError after: the peer's bug is why
         (_rank(1, stderr_tail=["RuntimeError: [gloo] Connection closed by peer [127.0.0.2]:9"]),
-         [_raised("ValueError", 88, seq=2) | {"rank": 3}], False, FailureClass.PROGRAM,
+         [replace(_raised("ValueError", 88, seq=2), rank=3)], False, FailureClass.PROGRAM,
          "rank 3: ValueError at train.py:88"),
         # ... its peer's node lost: infrastructure
         (_rank(1, stderr_tail=["RuntimeError: Connection reset by peer"]),
-         [{**LOST_RECORD, "seq": 2}], False, FailureClass.INFRA, "node 1 (n1) lost"),
+         [replace(LOST_RECORD, seq=2)], False, FailureClass.INFRA, "node 1 (n1) lost"),
     ],
 )  # fmt: skip
 def test_classify(cause, others, lost, expected, why):
@@ -143,13 +155,13 @@ def test_signature_is_the_innermost_user_frame_of_the_last_exception():
         "",
         _traceback("mypkg.errors.ConfigError", 88),
     ])  # fmt: skip
-    signature = signature_of({"traceback": chained, "how": "exit code 1"}, SCRIPT)
+    signature = signature_of(Failure(Kind.RANK, "exit code 1", traceback=chained), SCRIPT)
     assert signature.exception == "mypkg.errors.ConfigError"
     assert signature.frame == Frame("/home/u/train.py", 88, "main")
     only_library = '  File "/x/site-packages/torch/a.py", line 5, in f\n    g()\nRuntimeError: x'
-    inner = signature_of({"stderr_tail": only_library.splitlines()}, SCRIPT)
+    inner = signature_of(Failure(Kind.RANK, stderr_tail=tuple(only_library.splitlines())), SCRIPT)
     assert inner.frame == Frame("/x/site-packages/torch/a.py", 5, "f"), "the innermost of all"
-    none = signature_of({"stderr_tail": ["just a line"], "how": "exit code 2"}, SCRIPT)
+    none = signature_of(Failure(Kind.RANK, "exit code 2", stderr_tail=("just a line",)), SCRIPT)
     assert (none.exception, none.frame, none.text()) == (None, None, "exit code 2 from train.py")
 
 

@@ -22,6 +22,7 @@ from agent.hang.standing import (
 )
 from agent.hang.watch import RECHECK_DESK, WAKE, HangWatch
 from agent.metrics.recorder import RunMetrics
+from agent.node.failure import Kind
 from agent.node.scope import Scope
 from agent.node.trust import JobKeys
 from agent.plan.options import resolve
@@ -229,9 +230,9 @@ def test_a_hang_is_called_on_every_running_node_answering_still(server):
     node1.tick(10.0)  # node 1 quiet
     judge = coordinator.hang
     record = judge.look(coordinator.read_standings(side, clock()))
-    assert record is not None and record["kind"] == "hang" and judge.rechecks == 1
-    assert record["how"].startswith("hang: no progress for 4 s from the 1 rank still running; ")
-    assert "; rank 0 exited 0 at " in record["how"], record["how"]
+    assert record is not None and record.kind is Kind.HANG and judge.rechecks == 1
+    assert record.how.startswith("hang: no progress for 4 s from the 1 rank still running; ")
+    assert "; rank 0 exited 0 at " in record.how, record.how
     assert judge.look(coordinator.read_standings(side, clock())) is None  # once
     coordinator.close()
 

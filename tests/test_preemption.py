@@ -14,6 +14,7 @@ import pytest
 from agent.history import store
 from agent.history.record import from_summary
 from agent.history.view import job_facts, job_rows
+from agent.node.result import Result
 from agent.node.signals import ARRIVALS_KEPT, Signals
 from agent.run.checkpoint_dir import MARKER, newest_after, previous_stop, read_marker, write_marker
 from agent.run.preemption import Written, furthest_step, judge_stop, previous_stop_line
@@ -64,7 +65,8 @@ def test_exits_are_ranges_and_bounded():
     [([{}, {"step": 7}, {"step": 9}], 9), ([{}, {"step": True}, {"step": "9"}], None), ([], None)],
 )
 def test_furthest_step_from_the_nodes_results(results, step):
-    assert furthest_step(results) == step
+    """Each node's result as read from the store (a step of the wrong type is none)."""
+    assert furthest_step([Result.from_json(r) for r in results]) == step
 
 
 def test_report_and_history_carry_the_line():

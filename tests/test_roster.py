@@ -8,6 +8,7 @@ from dataclasses import replace
 import pytest
 
 from agent.errors import AgentError, ExitCode
+from agent.node.failure import Failure, Kind
 from agent.plan.options import Options
 from agent.plan.roster import (
     Exclusion,
@@ -18,7 +19,7 @@ from agent.plan.roster import (
     seated,
 )
 from agent.run.health import Health
-from agent.run.lineup import Lineup, exclusions, seating
+from agent.run.lineup import Lineup, LineupEnd, exclusions, seating
 from agent.world import Task, World
 
 HOSTS = [f"n{i}" for i in range(6)]
@@ -94,7 +95,7 @@ def test_without_refuses_what_cannot_go_on(start, gone, min_nodes, message):
 def test_roster_and_lineup_round_trip_through_json():
     roster = Roster((0, 3), (2,), (Exclusion(1, "n1", "failed", 0, ("a", "b")),))
     assert Roster.from_json(roster.to_json()) == roster
-    lineup = Lineup(4242, roster, None, {"code": 3, "cause": {"how": "x"}})
+    lineup = Lineup(4242, roster, None, LineupEnd(3, Failure(Kind.EXCLUDED, "x")))
     assert Lineup.from_json(lineup.to_json()) == lineup
     assert [roster.role(a) for a in range(4)] == ["node", "out", "spare", "node"]
 

@@ -12,6 +12,7 @@ from datetime import timedelta
 import pytest
 from torch.distributed import TCPStore
 
+from agent.node.failure import Failure, Kind
 from agent.node.membership import TICKS_PER_SECOND, Membership, Silence, pace
 from agent.node.scope import Scope
 from agent.node.store import Endpoint, Store
@@ -251,7 +252,7 @@ def test_the_abort_watcher_reads_the_record_it_woke_for_in_one_query(server) -> 
     scope = Scope(store, "r0/a0", 1, KEYS)
     seen = threading.Event()
     scope.watch(threading.Event(), lambda record: seen.set(), lambda why: None)
-    Scope(store, "r0/a0", 2, KEYS).report({"kind": "rank", "how": "exit code 1"})
+    Scope(store, "r0/a0", 2, KEYS).report(Failure(Kind.RANK, "exit code 1"))
     assert seen.wait(30)
     assert sent[0].sent == {6: 1, 3: 1}  # one WAIT, then one GET
 

@@ -13,6 +13,7 @@ import pytest
 from torch.distributed import TCPStore
 
 from agent.errors import AgentError, ExitCode
+from agent.node.failure import Failure, Kind
 from agent.node.scope import Scope
 from agent.node.sealed import Tampered
 from agent.node.store import Endpoint, Store
@@ -127,7 +128,8 @@ def test_node_0_whose_plan_was_deleted_ends_its_barrier_as_suspected_tampering(s
     with pytest.raises(Tampered) as excinfo:
         leader.barrier(2, 1.0, NAMES, kept=("plan",))
     assert excinfo.value.message.startswith(f"store tampering suspected at {leader.key('plan')}")
-    leader.report({"kind": "setup", "how": excinfo.value.message})  # as node 0's agent does
+    error = excinfo.value  # as node 0's agent does: a setup failure that says "tampering"
+    leader.report(Failure(Kind.SETUP, error.message, tampering=error.tampering))
     with pytest.raises(PeerFailed) as told:  # node 1, waiting for the plan, hears of it: exit 4
         prepare(follower, world=None, plan=None, environ={}, read_topology=None, timeout=30,
                 names=NAMES)  # fmt: skip

@@ -6,6 +6,7 @@ import pytest
 
 from agent.console.stream import STEPS_KEPT, StepClock
 from agent.errors import ExitCode
+from agent.node.failure import Failure, Kind
 from agent.plan.options import progress_pattern, resolve
 from agent.run.stragglers import MIN_STEPS, RankPace, changes, judge_pace, started_line
 from agent.run.summary import build_summary, cause_line, render_report
@@ -116,8 +117,8 @@ def test_router_reads_the_step_group():
 
 
 def _failed(attempt: int) -> Verdict:
-    cause = {"kind": "rank", "rank": 1, "host": "h0", "node_rank": 0, "how": "exit code 3"}
-    return Verdict(1, True, cause, {"attempt": attempt, "root_cause": cause})
+    cause = Failure(Kind.RANK, "exit code 3", node_rank=0, host="h0", rank=1)
+    return Verdict(1, True, cause, {"attempt": attempt, "root_cause": cause.to_json()})
 
 
 # (progress per attempt so far, restart kept?)
@@ -135,13 +136,14 @@ def test_guard_loop(progressed, restart):
     verdict = guard_loop(_failed(len(progressed) - 1), progressed)
     assert verdict.restart is restart
     if restart:
-        assert verdict.code == 1 and verdict.root_cause["kind"] == "rank"
+        assert verdict.code == 1 and verdict.root_cause.kind is Kind.RANK
         return
     k = len(progressed) - 1
     assert verdict.code == ExitCode.NO_PROGRESS == 5
-    assert verdict.root_cause["how"] == f"no progress in attempts {k - 1} and {k}; not restarting"
-    assert verdict.record["root_cause"] == verdict.root_cause
-    assert verdict.root_cause["failure"]["rank"] == 1  # the attempt's own failure kept
+    assert verdict.root_cause.how == f"no progress in attempts {k - 1} and {k}; not restarting"
+    assert verdict.record["root_cause"] == verdict.root_cause.to_json()
+    assert verdict.record["root_cause"]["kind"] == "no_progress"
+    assert verdict.root_cause.failure.rank == 1  # the attempt's own failure kept
     summary = build_summary({}, [dict(verdict.record)], verdict.code)
     assert "not restarting (last: rank 1 on h0 (node 0) exit code 3)" in cause_line(
         summary["root_cause"]

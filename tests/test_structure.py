@@ -426,3 +426,44 @@ def test_a_run_reaches_its_node_only_through_the_seat():
         if m.startswith("agent.run") and "agent.node.agent" in targets
     )
     assert reaching == []
+
+
+# The failure record's owner (agent.node.failure: `Kind`, `Failure`): no other module builds or
+# compares a dict by a "kind" key; a reader matches on `Kind`, so a new kind shows every one.
+RECORDS = frozenset({"agent/node/failure.py"})
+_KIND_KEY = re.compile(r"""["']kind["']""")
+
+
+def kind_keys(modules: Mapping[str, tuple[Path, str, ast.Module]]) -> list[str]:
+    """`"kind"` as a string anywhere outside the records module (a key built, read or named)."""
+    return [
+        f"{path.relative_to(AGENT.parent).as_posix()}:{number}"
+        for path, source, _ in modules.values()
+        if path.relative_to(AGENT.parent).as_posix() not in RECORDS
+        for number, line in enumerate(source.splitlines(), 1)
+        if _KIND_KEY.search(line)
+    ]
+
+
+def test_no_kind_key_outside_the_records_module():
+    assert kind_keys(agent_modules()) == []
+
+
+def test_kind_keys_finds_a_record_spelt_by_hand():
+    tree = {
+        "agent.run.x": (AGENT / "run" / "x.py", 'r = {"kind": "lost"}\nr.get(\'kind\')\n', None),
+        "agent.node.failure": (AGENT / "node" / "failure.py", '{"kind": "rank"}\n', None),
+    }
+    assert kind_keys(tree) == ["agent/run/x.py:1", "agent/run/x.py:2"]
+
+
+def test_no_message_text_decides():
+    """Tampering is a field of the record (Failure.tampering, NodeOutput.tampered), never a
+    prefix of its message."""
+    found = [
+        f"{name}:{number}"
+        for name, (_, source, _) in agent_modules().items()
+        for number, line in enumerate(source.splitlines(), 1)
+        if re.search(r"\.startswith\(\s*TAMPERING", line)
+    ]
+    assert found == []

@@ -7,6 +7,7 @@ import signal
 import threading
 
 from agent.node.events import AbortSeen, StoreLost
+from agent.node.failure import Failure, Kind
 from agent.node.signals import Signalled
 from agent.node.stage import Stage
 from agent.plan.ranks import Placement, RankSpec
@@ -72,8 +73,8 @@ def _supervisor(events, processes, reports, grace=5.0, attempt=0, slurm_signals_
     specs = [_spec(r) for r in range(3)]
 
     def report(record):
-        reports.append(record)
-        return {**record, "seq": len(reports)}
+        reports.append(record.to_json())  # as the store holds it
+        return record.with_seq(len(reports))
 
     sup = Supervisor(
         specs,
@@ -101,7 +102,7 @@ def test_a_failing_rank_is_reported_once_and_the_others_are_terminated():
     outcome = sup.run(start)
     assert [(r["kind"], r["rank"], r["returncode"]) for r in reports] == [("rank", 1, 3)]
     assert reports[0]["stderr_tail"] == ["last words"]
-    assert outcome.failure["seq"] == 1
+    assert outcome.failure.seq == 1
     assert sorted(procs.sent) == [(0, signal.SIGTERM), (2, signal.SIGTERM)]
     assert _states(outcome) == {0: "terminated", 1: "failed", 2: "terminated"}
 
@@ -110,10 +111,22 @@ def test_an_abort_elsewhere_tears_down_without_reporting():
     events, reports = queue.SimpleQueue(), []
     procs = FakeProcesses(events)
     sup, start = _supervisor(events, procs, reports, attempt=2, run=5)
-    events.put(AbortSeen(Stage(5, 1), {"kind": "rank", "rank": 9, "host": "x", "how": "stale"}))
-    events.put(AbortSeen(Stage(4, 2), {"kind": "rank", "rank": 9, "host": "x", "how": "old run"}))
     events.put(
-        AbortSeen(Stage(5, 2), {"kind": "rank", "rank": 9, "host": "x", "how": "exit code 1"})
+        AbortSeen(
+            Stage(5, 1), Failure.from_json({"kind": "rank", "rank": 9, "host": "x", "how": "stale"})
+        )
+    )
+    events.put(
+        AbortSeen(
+            Stage(4, 2),
+            Failure.from_json({"kind": "rank", "rank": 9, "host": "x", "how": "old run"}),
+        )
+    )
+    events.put(
+        AbortSeen(
+            Stage(5, 2),
+            Failure.from_json({"kind": "rank", "rank": 9, "host": "x", "how": "exit code 1"}),
+        )
     )
     outcome = sup.run(start)
     assert reports == [] and outcome.failure is None
@@ -126,7 +139,11 @@ def test_an_abort_of_the_previous_runs_attempt_is_not_this_ones():
     events, reports = queue.SimpleQueue(), []
     procs = FakeProcesses(events)
     sup, start = _supervisor(events, procs, reports, attempt=0, run=1)
-    events.put(AbortSeen(Stage(0, 0), {"kind": "rank", "rank": 1, "host": "x", "how": "old"}))
+    events.put(
+        AbortSeen(
+            Stage(0, 0), Failure.from_json({"kind": "rank", "rank": 1, "host": "x", "how": "old"})
+        )
+    )
     for rank in range(3):
         events.put(RankExited(rank, 0, 1.0))
     outcome = sup.run(start)
@@ -204,7 +221,7 @@ def test_an_operator_signal_elsewhere_reaches_ranks_as_that_signal():
     events.put(
         AbortSeen(
             Stage(0, 0),
-            {"kind": "signal", "signal": "SIGINT", "host": "n1", "how": "agent received SIGINT"},
+            Failure(Kind.SIGNAL, "agent received SIGINT", host="n1", signal="SIGINT"),
         )
     )
     sup.run(start)
@@ -219,13 +236,3 @@ def test_a_lost_store_tears_down_and_says_so():
     outcome = sup.run(start)
     assert outcome.store_lost == "lost the job store at 10.0.0.1:29500"
     assert {s for _, s in procs.sent} == {signal.SIGTERM} and reports == []
-
-
-def test_a_refused_abort_record_tears_down_and_is_kept():
-    events, reports = queue.SimpleQueue(), []
-    procs = FakeProcesses(events)
-    sup, start = _supervisor(events, procs, reports)
-    events.put(AbortSeen(Stage(0, 0), {"refused": "refusing abort record: unsigned"}))
-    outcome = sup.run(start)
-    assert outcome.refused == "refusing abort record: unsigned"
-    assert {s for _, s in procs.sent} == {signal.SIGTERM}

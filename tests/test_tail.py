@@ -18,7 +18,7 @@ import pytest
 from agent import logs as tail
 from agent.logs import RankFile, Selection, Where
 from agent.logs import follow as tail_follow
-from agent.run.summary import RankExit, build_summary, failure_record
+from agent.run.summary import RankExit, build_summary, rank_failure
 
 REPO = Path(__file__).resolve().parents[1]
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -280,9 +280,9 @@ def _summary(log_dir: Path) -> None:
         )
         for r in range(4)
     ]
-    cause = failure_record(
+    cause = rank_failure(
         exits[3], ["Traceback (most recent call last):", "ValueError: boom"], None
-    )
+    ).to_json()
     attempts = [
         {"attempt": 0, "root_cause": cause, "ranks": [e.to_json() for e in exits], "lost_nodes": []}
     ]

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
+from agent.node.failure import Failure, Kind, closed
+from agent.node.result import Result
 from agent.run.failure_class import AttemptFailure, FailureClass, Signature
 from agent.run.verdict import Budget, judge, root_cause
 
@@ -12,12 +16,12 @@ def _exit(rank: int, state: str, code: int | None = 0) -> dict:
     return {"rank": rank, "state": state, "returncode": code}
 
 
-OK = {"exits": [_exit(0, "succeeded"), _exit(1, "succeeded")]}
-FAILED = {"exits": [_exit(2, "failed", 3), _exit(3, "terminated", -15)]}
-LOST = {"lost": True, "node": 1, "host": "n1", "exits": []}
-RANK_FAILURE = {"kind": "rank", "rank": 2, "how": "exit code 3", "seq": 1}
-LOST_FAILURE = {"kind": "lost", "node_rank": 1, "how": "node 1 lost", "seq": 2}
-STOP_FAILURE = {"kind": "signal", "how": "agent received SIGINT", "signal": "SIGINT", "seq": 1}
+OK = Result.from_json({"exits": [_exit(0, "succeeded"), _exit(1, "succeeded")]})
+FAILED = Result.from_json({"exits": [_exit(2, "failed", 3), _exit(3, "terminated", -15)]})
+LOST = Result.from_json({"lost": True, "node": 1, "host": "n1", "exits": []})
+RANK_FAILURE = Failure(Kind.RANK, "exit code 3", rank=2, seq=1)
+LOST_FAILURE = Failure(Kind.LOST, "node 1 lost", node_rank=1, seq=2)
+STOP_FAILURE = Failure(Kind.SIGNAL, "agent received SIGINT", signal="SIGINT", seq=1)
 
 
 @pytest.mark.parametrize(
@@ -29,12 +33,12 @@ STOP_FAILURE = {"kind": "signal", "how": "agent received SIGINT", "signal": "SIG
         ([OK, FAILED], [RANK_FAILURE], 2, 2, 1, False),  # restarts used up (two before it)
         ([OK, LOST], [LOST_FAILURE], 0, 0, 3, False),
         ([OK, LOST], [LOST_FAILURE], 0, 5, 3, False),  # the same world cannot run without it
-        ([OK, {**FAILED, "refused": "forged abort record"}], [RANK_FAILURE], 0, 3, 4, True),
+        ([OK, replace(FAILED, refused="forged abort record")], [RANK_FAILURE], 0, 3, 4, True),
         # An operator's stop (Ctrl-C, scancel): 128 + N as every agent exits, never a restart
-        ([OK, {**FAILED, "signal": 2}], [RANK_FAILURE], 0, 3, 130, False),  # during a teardown
-        ([OK, {**FAILED, "signal": 2}], [STOP_FAILURE], 0, 3, 130, False),
-        ([OK, OK], [{**STOP_FAILURE, "signal": "SIGTERM"}], 0, 0, 143, False),  # on another node
-        ([OK, {**LOST, "signal": 15}], [LOST_FAILURE], 0, 0, 143, False),
+        ([OK, replace(FAILED, signal=2)], [RANK_FAILURE], 0, 3, 130, False),  # during a teardown
+        ([OK, replace(FAILED, signal=2)], [STOP_FAILURE], 0, 3, 130, False),
+        ([OK, OK], [replace(STOP_FAILURE, signal="SIGTERM")], 0, 0, 143, False),  # on another node
+        ([OK, replace(LOST, signal=15)], [LOST_FAILURE], 0, 0, 143, False),
     ],
 )
 def test_exit_code_and_restart(results, failures, attempt, max_restarts, code, restart):
@@ -50,15 +54,15 @@ def _bug(exception: str) -> AttemptFailure:
 
 
 def test_root_cause_is_the_failure_the_store_saw_first():
-    later = {"kind": "rank", "rank": 7, "how": "exit code 1", "seq": 4}
+    later = Failure(Kind.RANK, "exit code 1", rank=7, seq=4)
     assert root_cause([later, LOST_FAILURE, RANK_FAILURE]) == RANK_FAILURE
-    assert root_cause([{"kind": "closed"}]) is None
+    assert root_cause([closed()]) is None
     assert root_cause([]) is None
 
 
 def test_the_attempt_record_lists_every_rank_and_the_lost_nodes():
     verdict = judge(1, [FAILED, OK, LOST], [LOST_FAILURE, RANK_FAILURE], Budget())
     record = verdict.record
-    assert record["attempt"] == 1 and record["root_cause"] == RANK_FAILURE
+    assert record["attempt"] == 1 and record["root_cause"] == RANK_FAILURE.to_json()
     assert [r["rank"] for r in record["ranks"]] == [-1, 0, 1, 2, 3]
     assert record["ranks"][0]["state"] == "lost" and record["lost_nodes"] == [1]

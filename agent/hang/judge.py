@@ -20,7 +20,6 @@ import logging
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
 
 from agent.hang.collectives import collective_view, render_view
 from agent.hang.desk import StackDesk
@@ -28,6 +27,7 @@ from agent.hang.overdue import clause, overdue
 from agent.hang.stacks import RankStack
 from agent.hang.standing import Ended, Standing, stillness
 from agent.hang.watch import RECHECK_DESK
+from agent.node.failure import Failure, Kind
 from agent.node.scope import Scope
 
 log = logging.getLogger("agent")
@@ -60,13 +60,13 @@ class HangJudge:
         self.overdue_asks = 0  # stack captures asked because a node found a rank overdue
         self._overdue_again = float("-inf")
 
-    def look(self, standings: Mapping[int, Standing]) -> dict[str, Any] | None:
+    def look(self, standings: Mapping[int, Standing]) -> Failure | None:
         """A failure record when the job hangs (once); None otherwise."""
         if self.fired:
             return None
         return self._still(standings) or self._overdue(standings)
 
-    def _still(self, standings: Mapping[int, Standing]) -> dict[str, Any] | None:
+    def _still(self, standings: Mapping[int, Standing]) -> Failure | None:
         """--hang-timeout: every rank still running silent for T."""
         if self.timeout <= 0:
             return None
@@ -91,7 +91,7 @@ class HangJudge:
         how = f"hang: no progress for {self.timeout:g} s from the {running} {noun} still running"
         return self._hang(how, self.desk.ask(native=False), ranks)
 
-    def _overdue(self, standings: Mapping[int, Standing]) -> dict[str, Any] | None:
+    def _overdue(self, standings: Mapping[int, Standing]) -> Failure | None:
         """By default: a node found ranks waiting in a collective near its group's timeout
         (agent.hang.overdue). Node 0 asks every rank's stack and recorder afresh and calls the
         hang only on what those answers say (a node's stale or replayed word only asks)."""
@@ -130,7 +130,7 @@ class HangJudge:
 
     def _hang(
         self, how: str, stacks: Sequence[RankStack], standings: Sequence[Standing]
-    ) -> dict[str, Any]:
+    ) -> Failure:
         """The failure record: `how`, the collectives' first finding, the stacks' headline,
         the ranks that had exited; every stack to stacks-a<attempt>.txt."""
         from agent.hang.collate import collate, headline, render
@@ -147,14 +147,12 @@ class HangJudge:
             log.error("cannot write %s: %s", path, exc.strerror or exc)
             path = ""
         parts = [how, *view[:1], headline(groups), ended.clause()]
-        record = {
-            "kind": "hang",
-            "node_rank": self.node_rank,
-            "host": self.host,
-            "how": "; ".join(p for p in parts if p),
-            "time": time.time(),
-            "stacks": text[:STACKS_IN_RECORD],
-        }
-        if path:
-            record["stacks_file"] = path
-        return record
+        return Failure(
+            Kind.HANG,
+            "; ".join(p for p in parts if p),
+            self.node_rank,
+            self.host,
+            time.time(),
+            stacks=text[:STACKS_IN_RECORD],
+            stacks_file=path or None,
+        )

@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from agent.node.failure import words
 from agent.plan.run_id import run_id
 
 TEXT_CAP = 1000  # characters of a command or a cause kept in the database
@@ -151,24 +152,10 @@ def _held(leftovers: Any) -> str | None:
 
 
 def cause_line(cause: Any) -> str | None:
-    """One line naming a failure (the words of agent.run.summary.cause_line, which sits in a
-    layer above this one)."""
-    if not _is_map(cause):
-        return None
-    if cause.get("kind") in ("no_progress", "same_failure"):  # a guard's words say it all
-        text = str(cause.get("how"))
-    elif cause.get("kind") == "rank":
-        text = (
-            f"rank {cause.get('rank')} on {cause.get('host')} (node {cause.get('node_rank')}) "
-            f"{cause.get('how')}"
-        )
-    elif cause.get("node_rank") is None:  # not one node's: a join timeout, a mismatch
-        text = f"{cause.get('kind') or 'failure'}: {cause.get('how')}"
-    elif cause.get("kind") == "lost":  # `how` is what befell the node: `lost: ...`, `left: ...`
-        text = f"node {cause.get('node_rank')} ({cause.get('host')}) {cause.get('how')}"
-    else:
-        text = f"node {cause.get('node_rank')} ({cause.get('host')}): {cause.get('how')}"
-    return _text(text, TEXT_CAP)
+    """One line naming a failure (agent.node.failure's words; a guard's without the attempt's
+    own failure: the column is short)."""
+    text = words(cause, inner=False)
+    return None if text is None else _text(text, TEXT_CAP)
 
 
 def _failure_class(failure: Any) -> str | None:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 import signal
 import sys
-import time
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -18,12 +18,12 @@ from agent.errors import AgentError, PeerFailed
 from agent.launch.cli import Command, misplaced_warning
 from agent.launch.node_start import node_agent, node_world, topology_at
 from agent.node.agent import lost_store_error
+from agent.node.failure import Failure, Kind
 from agent.node.signals import Interrupted
 from agent.plan.run_plan import Request, RunPlan, decide
 from agent.run import outputs
 from agent.run.checkpoint_dir import location, previous_stop
 from agent.run.node_run import Session
-from agent.run.summary import node_failure
 from agent.run.tools import RunTools
 from agent.run.warm_source import WarmSource, preload_modules
 from agent.text import printable
@@ -72,16 +72,16 @@ def launch(command: Command, environ: Mapping[str, str]) -> int:
         return code
     except Interrupted as exc:
         name = signal.Signals(exc.signum).name
-        record = _failure("signal", world, f"agent received {name}")
-        agent.farewell({**record, "signal": name}, record["how"])
+        record = replace(agent.failed(Kind.SIGNAL, f"agent received {name}"), signal=name)
+        agent.farewell(record, record.how)
         _unfinished(plan, world, 128 + exc.signum, record)
         return 128 + exc.signum
     except AgentError as exc:
         # Ours to tell, unless another node's failure (told already) is what ended us.
         own = not isinstance(exc, PeerFailed)
-        record = _failure("setup", world, exc.message) if own else None
+        record = agent.failed(Kind.SETUP, exc.message, exc) if own else None
         agent.farewell(record, exc.message, everyone=own)
-        _unfinished(plan, world, int(exc.code), record or {"kind": "join", "how": exc.message})
+        _unfinished(plan, world, int(exc.code), record or Failure(Kind.JOIN, exc.message))
         raise
     except (RuntimeError, OSError) as exc:  # torch's DistNetworkError & co: node 0 went away
         raise lost_store_error(exc) from None
@@ -107,7 +107,7 @@ def _previous_stop(plan: RunPlan) -> None:
         print(f"agent: warning: {printable(line, one_line=True)}", file=sys.stderr, flush=True)
 
 
-def _unfinished(plan: RunPlan | None, world: World, code: int, cause: dict[str, Any]) -> None:
+def _unfinished(plan: RunPlan | None, world: World, code: int, cause: Failure) -> None:
     """Node 0, the run ended before its first attempt: summary.json still says why."""
     if plan is not None:
         outputs.write_unfinished(plan, world, code, cause)
@@ -118,7 +118,3 @@ def _close_control(endpoint: Any, path: str | None) -> None:
         endpoint.close()
     if path is not None:
         remove(Path(path), os.getpid())
-
-
-def _failure(kind: str, world: World, why: str) -> dict[str, Any]:
-    return node_failure(kind, world.node_rank, world.host, why, time.time())

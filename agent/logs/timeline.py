@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from typing import Any
 from xml.sax.saxutils import escape
 
+from agent.node.failure import words
+
 RANK_LANES = 64  # up to this many ranks: a lane per rank
 MAX_LANES = 128  # above: nodes grouped so that no more lanes are drawn
 MAX_ATTEMPTS = 50  # the last ones drawn (a note says how many earlier ones are not)
@@ -281,22 +283,8 @@ def _seating(attempt: Mapping[str, Any], seated: Mapping[int, Any], number: int)
 
 
 def cause_words(cause: Mapping[str, Any]) -> str:
-    if not cause:
-        return ""
-    if cause.get("kind") == "rank":
-        return (
-            f"rank {_text(cause.get('rank'))} on {_text(cause.get('host'))} "
-            f"(node {_text(cause.get('node_rank'))}) {_text(cause.get('how'))}"
-        )
-    where = cause.get("node_rank")
-    head = (
-        f"node {_text(where)} ({_text(cause.get('host'))})"
-        if where is not None
-        else _text(cause.get("kind") or "failure")
-    )
-    # A lost node's `how` is what befell it (`lost: ...`, `left: ...`): no colon between.
-    joint = " " if where is not None and cause.get("kind") == "lost" else ": "
-    return f"{head}{joint}{_text(cause.get('how'))}"
+    """agent.node.failure's words for the root cause, on one line."""
+    return " ".join((words(cause) or "").split())[:1000] if cause else ""
 
 
 def _straggler_words(entry: Mapping[str, Any]) -> str:

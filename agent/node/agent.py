@@ -15,12 +15,12 @@ import queue
 import threading
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
 
 from agent.errors import AgentError, ExitCode
 from agent.node import handshake
 from agent.node.events import StoreLost
+from agent.node.failure import Failure, Kind
 from agent.node.membership import Membership
 from agent.node.reporter import Reporter
 from agent.node.scope import Scope
@@ -121,10 +121,8 @@ class NodeAgent:
             return
         name = self.names[index] if 0 <= index < len(self.names) else f"node {index}"
         how = mismatch_message(self.keys.check_value, theirs, name)
-        record = {"kind": "secret", "node_rank": index, "how": how, "time": time.time()}
-        self.reporter.report(
-            self.membership.scope, {**record, "agent": index}, slot=f"secret-{index}"
-        )
+        record = Failure(Kind.SECRET, how, index, time=time.time(), agent=index)
+        self.reporter.report(self.membership.scope, record, slot=f"secret-{index}")
 
     def meet(self) -> None:
         """Wait for every other agent (woken early by a failure anywhere), then heartbeat."""
@@ -155,16 +153,21 @@ class NodeAgent:
         if self.reporter is not None:
             self.reporter.enter(scope, active)
 
-    def report(self, scope: Scope, record: dict[str, Any]) -> dict[str, Any] | None:
+    def report(self, scope: Scope, record: Failure) -> Failure | None:
         assert self.reporter is not None, "a run reports only after its node joined"
         return self.reporter.report(scope, record)
 
-    def tell(self, kind: str, how: str) -> None:
-        """A failure of this node, told to the current phase's peers (none between runs)."""
-        w = self.world
-        record = {"kind": kind, "node_rank": w.node_rank, "host": w.host, "how": how}
+    def tell(self, error: AgentError) -> None:
+        """This node could not set up or go on: told to the current phase's peers (none
+        between runs)."""
         if self._phase is not None and self.reporter is not None:
-            self.reporter.report(self._phase, {**record, "time": time.time()})
+            self.reporter.report(self._phase, self.failed(Kind.SETUP, error.message, error))
+
+    def failed(self, kind: Kind, how: str, error: AgentError | None = None) -> Failure:
+        """A failure of this node (a setup error, a signal), named by its node rank and host."""
+        w = self.world
+        tampering = error is not None and error.tampering
+        return Failure(kind, how, w.node_rank, w.host, time.time(), tampering=tampering)
 
     def lost(self) -> dict[int, str]:
         reporter = self.reporter
@@ -172,7 +175,7 @@ class NodeAgent:
             return {}
         return {i: reporter.lost_reason.get(i, "lost") for i in list(reporter.lost_peers)}
 
-    def lost_failures(self, scope: Scope) -> list[dict[str, Any]]:
+    def lost_failures(self, scope: Scope) -> list[Failure]:
         return self.reporter.lost_failures(scope) if self.reporter is not None else []
 
     def hosts(self) -> list[str]:
@@ -186,7 +189,7 @@ class NodeAgent:
         if self.store is not None:
             self.store.close_workers()
 
-    def farewell(self, record: dict[str, Any] | None, why: str, *, everyone: bool = False) -> None:
+    def farewell(self, record: Failure | None, why: str, *, everyone: bool = False) -> None:
         """Ending early: tell everyone (over a fresh connection: the main one may be mid-query).
 
         Node 0 then keeps its store up until the peers have read why: those that joined, or
@@ -196,7 +199,7 @@ class NodeAgent:
             return
         with contextlib.suppress(Exception):
             fresh = self.store.another_client(op_timeout=2.0)
-            record = None if record is None else {**record, "agent": self.world.agent_index}
+            record = None if record is None else replace(record, agent=self.world.agent_index)
             scopes = [self.phase] if self.phase is not None else []
             if not self.met:  # peers may still wait at the join barrier
                 scopes.append(self.membership.scope)

@@ -7,13 +7,14 @@ import queue
 from dataclasses import dataclass
 from typing import Any
 
+from agent.node.failure import Failure
 from agent.node.stage import Stage
 
 
 @dataclass(frozen=True)
 class AbortSeen:
     stage: Stage  # the run and attempt whose abort key was set
-    record: dict[str, Any]
+    record: Failure
 
 
 @dataclass(frozen=True)

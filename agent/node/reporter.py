@@ -13,9 +13,11 @@ import logging
 import threading
 import time
 from collections.abc import Mapping
-from typing import Any
+from dataclasses import replace
 
+from agent.node.failure import Failure, Kind
 from agent.node.membership import Membership
+from agent.node.result import Result
 from agent.node.scope import Scope
 from agent.node.store import Store
 from agent.world import World
@@ -29,7 +31,7 @@ class Reporter:
         self._side = side  # the main connection may be blocked in a wait: never share it
         self._lock = threading.Lock()
         self.world, self.membership, self.names = world, membership, names
-        self.lost: dict[int, dict[str, Any]] = {}  # node 0: this attempt's lost-node failures
+        self.lost: dict[int, Failure] = {}  # node 0: this attempt's lost-node failures
         self.lost_peers: set[int] = set()  # node 0: every peer it declared lost, for good
         self.lost_reason: dict[int, str] = {}  # node 0: what it said of each, e.g. SILENT
         self.scope: Scope | None = None  # the phase a lost peer fails
@@ -48,21 +50,19 @@ class Reporter:
     def _counts(self, index: int) -> bool:
         return self.active is None or index in self.active
 
-    def report(
-        self, scope: Scope, record: dict[str, Any], slot: object = None
-    ) -> dict[str, Any] | None:
+    def report(self, scope: Scope, record: Failure, slot: object = None) -> Failure | None:
         """Publish a failure from any thread (own connection); None if the store is gone."""
-        record = {**record, "agent": self.world.agent_index} if slot is None else record
+        record = replace(record, agent=self.world.agent_index) if slot is None else record
         try:
             with self._lock:
                 published = scope.on(self._side or scope.store).report(record, slot)
         except Exception as exc:
             log.error("could not publish the failure (store lost?): %s", exc)
             return None
-        if published["seq"] == 1:
-            said = record.get("how")
-            if record.get("kind") == "lost":  # its `how` does not name the node
-                said = f"node {record.get('node_rank')} ({record.get('host')}) {said}"
+        if published.seq == 1:
+            said = record.how
+            if record.kind is Kind.LOST:  # its `how` does not name the node
+                said = f"node {record.node_rank} ({record.host}) {said}"
             log.error("first failure of the job: %s", said)
         return published
 
@@ -93,25 +93,16 @@ class Reporter:
         `left: ...`), so a reader writes `node 1 (n2) lost: ...` without naming it twice."""
         host = self.world.hosts[index] if index < len(self.world.hosts) else self.names[index]
         node = self.active.get(index, index) if self.active is not None else index
-        record = {
-            "kind": "lost",
-            "node_rank": node,
-            "host": host,
-            "how": reason,
-            "time": time.time(),
-            "agent": index,
-        }
+        record = Failure(Kind.LOST, reason, node, host, time.time(), agent=index)
         published = self.report(scope, record, slot=f"lost-{index}")
         if published is not None:
             self.lost[index] = published
             with contextlib.suppress(Exception), self._lock:
                 side = scope.on(self._side)
                 if side.get_if(f"result/{index}", "result") is None:  # a forgery: not a result
-                    side.put(
-                        f"result/{index}", {"lost": True, "node": node, "host": host, "exits": []}
-                    )
+                    side.put(f"result/{index}", Result.gone(node, host).to_json())
 
-    def lost_failures(self, scope: Scope) -> list[dict[str, Any]]:
+    def lost_failures(self, scope: Scope) -> list[Failure]:
         """Node 0: what it reported for lost nodes, and what they reported before vanishing."""
         found = list(self.lost.values())
         for index in self.lost:

@@ -13,10 +13,12 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Collection, Sequence
+from dataclasses import replace
 from typing import Any
 
 from agent.errors import AgentError, ExitCode, PeerFailed
-from agent.node.sealed import TAMPERING, Tampered, read_sealed, tell_refused
+from agent.node.failure import Failure, Kind, closed
+from agent.node.sealed import Tampered, read_sealed, tell_refused
 from agent.node.store import Store
 from agent.node.trust import JobKeys, Refused
 
@@ -101,38 +103,42 @@ class Scope:
         return found
 
     # -- failures -------------------------------------------------------------------------
-    def report(self, record: dict[str, Any], slot: object = None) -> dict[str, Any]:
+    def report(self, failure: Failure, slot: object = None) -> Failure:
         """Publish a failure of this phase; returns it with its sequence number (1: first)."""
-        seq = self.store.add(self.key("fail-seq"))
-        record = {**record, "seq": seq}
+        record = failure.with_seq(self.store.add(self.key("fail-seq")))
         try:
-            self.put(f"fail/{self.index if slot is None else slot}", record)
+            self.put(f"fail/{self.index if slot is None else slot}", record.to_json())
         except TooLarge:  # never lose a failure to its size: keep what names it
-            record = {k: v for k, v in record.items() if k not in ("stderr_tail", "traceback")}
-            record["note"] = "details too large for the store: see the rank's files"
-            self.put(f"fail/{self.index if slot is None else slot}", record)
-        self.put("abort", record)
+            note = "details too large for the store: see the rank's files"
+            record = replace(record, stderr_tail=(), traceback=None, note=note)
+            self.put(f"fail/{self.index if slot is None else slot}", record.to_json())
+        self.put("abort", record.to_json())
         for name in self.wakes:
             self.store.set_bytes(self.key(name), b"")
         return record
 
-    def failure(self) -> dict[str, Any] | None:
-        """The phase's latest failure (the abort key), None if there is none (or if what is
-        there does not open with the job's key: logged once, and ignored)."""
-        record = self.get_if("abort", "abort record")
-        return None if record is None or record.get("kind") == "closed" else record
+    def abort(self) -> Failure | None:
+        """What the abort key holds now: the latest failure, or node 0's `closed` record;
+        None if there is none (or if what is there does not open with the job's key: logged
+        once, and ignored)."""
+        return Failure.from_json(self.get_if("abort", "abort record"))
 
-    def failure_of(self, slot: object) -> dict[str, Any] | None:
-        return self.get_if(f"fail/{slot}", "failure record")
+    def failure(self) -> Failure | None:
+        """The phase's latest failure (the abort key), None if there is none."""
+        record = self.abort()
+        return None if record is None or record.closed else record
+
+    def failure_of(self, slot: object) -> Failure | None:
+        return Failure.from_json(self.get_if(f"fail/{slot}", "failure record"))
 
     def close(self) -> None:
         """Wakes every watcher of this phase with a record that means: over, no failure."""
-        self.put("abort", {"kind": "closed"})
+        self.put("abort", closed().to_json())
 
     def watch(
         self,
         stop: threading.Event,
-        on_abort: Callable[[dict[str, Any]], None],
+        on_abort: Callable[[Failure], None],
         on_lost: Callable[[str], None],
     ) -> threading.Thread:
         """A thread blocked on the abort key over its own connection. A value there that does
@@ -145,10 +151,12 @@ class Scope:
                 while not stop.is_set():
                     if watcher.store.wait([key], 3600.0):
                         data = watcher.store.get_bytes(key, present=True)
-                        record = read_sealed(
-                            watcher.store, self.keys, key, "abort record", data, stop=stop
+                        record = Failure.from_json(
+                            read_sealed(
+                                watcher.store, self.keys, key, "abort record", data, stop=stop
+                            )
                         )
-                        if record is not None and record.get("kind") != "closed":
+                        if record is not None and not record.closed:
                             on_abort(record)
                         return
             except Exception as exc:  # the store went away: node 0 is gone
@@ -235,12 +243,12 @@ class Scope:
         return True
 
 
-def refused(failure: dict[str, Any]) -> bool:
+def refused(failure: Failure) -> bool:
     """Whether a peer's failure ends this agent with exit 4 (a secret or tampering matter)."""
-    return failure.get("kind") == "secret" or str(failure.get("how")).startswith(TAMPERING)
+    return failure.kind is Kind.SECRET or failure.tampering
 
 
-def could_not(failure: dict[str, Any], names: Sequence[str]) -> str:
-    who = failure.get("agent", failure.get("node_rank", 0))
-    name = names[who] if isinstance(who, int) and 0 <= who < len(names) else failure.get("host")
-    return f"{name} could not join: {failure.get('how')}"
+def could_not(failure: Failure, names: Sequence[str]) -> str:
+    who = failure.agent if failure.agent is not None else failure.node_rank
+    name = names[who] if who is not None and 0 <= who < len(names) else failure.host
+    return f"{name} could not join: {failure.how}"

@@ -37,6 +37,8 @@ def tell_refused(key: str, exc: Refused) -> None:
 class Tampered(AgentError):
     """A sealed record never replaced the value that did not open there, within the timeout."""
 
+    tampering = True
+
     def __init__(self, key: str, why: str) -> None:
         super().__init__(f"{TAMPERING} at {key}: {why}", ExitCode.REFUSED)
 

@@ -14,6 +14,7 @@ import threading
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
+from agent.node.failure import Failure
 from agent.node.scope import Scope
 from agent.node.signals import Signals
 from agent.world import World
@@ -45,7 +46,7 @@ class RunSeat(Protocol):
         """Where failures go from now (None: nowhere); `active`: the peers it counts on."""
         ...
 
-    def report(self, scope: Scope, record: dict[str, Any]) -> dict[str, Any] | None:
+    def report(self, scope: Scope, record: Failure) -> Failure | None:
         """Tell the phase that something failed here (any thread; None: the store is lost)."""
         ...
 
@@ -53,7 +54,7 @@ class RunSeat(Protocol):
         """Node 0: the peers lost so far → why."""
         ...
 
-    def lost_failures(self, scope: Scope) -> list[dict[str, Any]]:
+    def lost_failures(self, scope: Scope) -> list[Failure]:
         """Node 0: the failure records written for peers lost during this phase."""
         ...
 

@@ -23,6 +23,7 @@ class NodeOutput:
     code: int | None  # exit status; negative: killed by signal -code; None: no result
     timed_out: bool = False
     missing: str = ""  # why there is no result (code None): "never joined", "interrupted", ...
+    tampered: bool = False  # no result because what is in its place does not open (exit 4)
 
     @property
     def ok(self) -> bool:

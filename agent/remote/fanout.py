@@ -51,7 +51,7 @@ def exec_port(world: World, flags: WorldFlags) -> int:
 
 
 def verdict(results: Sequence[NodeOutput]) -> int:
-    if any(r.missing.startswith(TAMPERING) for r in results):
+    if any(r.tampered for r in results):
         return int(ExitCode.REFUSED)
     if any(r.code is None for r in results):
         return int(ExitCode.RENDEZVOUS)
@@ -169,9 +169,10 @@ def _lead(records: Any, world: World, command: ExecCommand, local: LocalRun) -> 
             outputs.append(_output(i, host, results[i]))
             continue
         why = never if i not in joined else gone
-        if i in forged and not interrupted:
+        tampered = i in forged and not interrupted
+        if tampered:
             why = f"{TAMPERING} at {records.key(f'result/{i}')}"
-        outputs.append(NodeOutput(i, host, "", None, missing=why))
+        outputs.append(NodeOutput(i, host, "", None, missing=why, tampered=tampered))
     code = _report(outputs)
     return 128 + interrupted.signum if interrupted else code
 

@@ -28,9 +28,10 @@ from collections.abc import Callable
 from typing import Any
 
 from agent.errors import PeerFailed
+from agent.node.failure import Failure
 from agent.node.membership import SCOPE as MEMBERSHIP
 from agent.node.scope import Scope
-from agent.node.sealed import TAMPERING, Tampered, read_sealed
+from agent.node.sealed import Tampered, read_sealed
 from agent.run.lineup import REPORT_SLACK, check_wait
 
 log = logging.getLogger("agent")
@@ -56,7 +57,7 @@ def await_sealed(
     name: str,
     what: str,
     events: Any,
-    fatal: Callable[[Scope], dict | None],
+    fatal: Callable[[Scope], Failure | None],
     over: Callable[[], str] = lambda: "",
     limit: float | None = None,
     tick: float = TICK,
@@ -72,7 +73,7 @@ def await_sealed(
     def woken() -> None:
         failure = check_wait(scope, events, fatal)
         if failure is not None:
-            raise PeerFailed(f"{failure.get('host')}: {failure.get('how')}")
+            raise PeerFailed(f"{failure.host}: {failure.how}")
         now = time.monotonic()
         if limit is not None and now - started > limit:
             raise _Over(f"none came within {limit:g}s")
@@ -119,11 +120,11 @@ def verdict_over(scope: Scope, own_result: tuple[str, dict[str, Any]] | None) ->
                     scope.key(name),
                 )
                 scope.put(name, record)
-        closed = scope.get_if("abort", "abort record")
-        if closed is not None and closed.get("kind") == "closed":
+        abort = scope.abort()
+        if abort is not None and abort.closed:
             return "node 0 has closed the attempt"
-        if closed is not None and str(closed.get("how", "")).startswith(TAMPERING):
-            return f"{closed.get('host')} found the store tampered with"  # over its `closed`
+        if abort is not None and abort.tampering:
+            return f"{abort.host} found the store tampered with"  # over its `closed`
         return _node0_left(members)
 
     return over

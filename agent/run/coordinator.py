@@ -30,6 +30,7 @@ from agent.hang.judge import HangJudge
 from agent.hang.standing import Standing, job_line, skew_line
 from agent.hang.watch import WAKE, standing_name, wake_name
 from agent.metrics.recorder import RunMetrics
+from agent.node.failure import Failure
 from agent.node.scope import Scope
 from agent.node.sealed import tell_refused
 from agent.node.trust import Refused
@@ -48,7 +49,7 @@ SLOWER_LOOK = 30.0  # the same without --hang-timeout (only overdue collectives 
 class Coordination:
     """What the coordinator leaves for the attempt's verdict."""
 
-    failure: dict[str, Any] | None = None  # the hang it published
+    failure: Failure | None = None  # the hang it published
     stragglers: list[dict[str, Any]] = field(default_factory=list)
     exit_skew: str | None = None  # the line it said, if it said one
 
@@ -64,7 +65,7 @@ class Coordinator:
         attempt: int,
         node_rank: int,
         host: str,
-        report: Callable[[dict[str, Any]], dict[str, Any] | None],  # publishes a failure
+        report: Callable[[Failure], Failure | None],  # publishes a failure
         metrics: RunMetrics,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,

@@ -23,6 +23,7 @@ from agent.hang.nccl_dumps import dump_findings
 from agent.hang.recorder import with_probe
 from agent.metrics.recorder import RunMetrics
 from agent.node import stage as stages
+from agent.node.result import Result
 from agent.node.scope import Scope
 from agent.node.seat import RunSeat
 from agent.node.stage import Stage
@@ -34,13 +35,14 @@ from agent.run.attempt import NodeAttempt
 from agent.run.bounded_wait import await_verdict, results_with_own
 from agent.run.checkpoint_dir import location, newest_after, write_marker
 from agent.run.coordinator import Coordination, Coordinator
+from agent.run.decision import Decision
 from agent.run.failure_class import AttemptFailure
 from agent.run.leftovers import Leftovers
-from agent.run.lineup import Lineup, seating
+from agent.run.lineup import Lineup, LineupEnd, seating
 from agent.run.preemption import Preemption, furthest_step, judge_stop
 from agent.run.prepare import Prepared, replanned
 from agent.run.roll_call import RollCall
-from agent.run.summary import build_summary, cause_line, job_record, render_report
+from agent.run.summary import build_summary, job_record, render_report
 from agent.run.supervisor import Outcome
 from agent.run.tools import RunTools
 from agent.run.verdict import Budget, Verdict, guard_loop, judge, with_collectives
@@ -173,22 +175,22 @@ class Run:
                         log.error("%s", outcome.store_lost)
                         return _signal_code(outcome) or int(ExitCode.RENDEZVOUS)
                     result = _result(outcome)
-                    scope.put(f"result/{me}", result)
+                    scope.put(f"result/{me}", result.to_json())
                     if coordinator is not None:
                         decision = self._decide(
                             prepared, scope, attempt, roster, history, failed, outcome, coordinator
                         )
                     else:
-                        own = (f"result/{me}", result)
-                        decision = await_verdict(scope, seat.events, own)
+                        own = (f"result/{me}", result.to_json())
+                        decision = Decision.from_json(await_verdict(scope, seat.events, own))
                 finally:
                     if coordinator is not None:
                         coordinator.close()
-            if decision.get("restart") and (outcome is None or outcome.signum is None):
+            if decision.restart and (outcome is None or outcome.signum is None):
                 attempt += 1
                 continue
             seat.enter(None)
-            return (_signal_code(outcome) if outcome else None) or int(decision["code"])
+            return (_signal_code(outcome) if outcome else None) or decision.code
 
     def _decide(
         self,
@@ -200,7 +202,7 @@ class Run:
         failed: list[AttemptFailure | None],
         outcome: Outcome,
         coordinator: Coordinator,
-    ) -> dict[str, Any]:
+    ) -> Decision:
         """Node 0: judge the attempt, tell everyone, write the summary when it is the last."""
         options = prepared.plan.options
         verdict, progressed, done, step = self._judge(
@@ -228,8 +230,8 @@ class Run:
                 **({"exit_skew": done.exit_skew} if done.exit_skew else {}),
             }
         )
-        decision = {"restart": verdict.restart, "code": verdict.code}
-        cause = (verdict.root_cause or {}).get("time")
+        decision = Decision(verdict.restart, verdict.code)
+        cause = verdict.root_cause.time if verdict.root_cause else None
         self.metrics.attempt_ended(attempt, cause, [e.get("end") for e in verdict.record["ranks"]])
         if verdict.restart and verdict.failure is not None:
             kind = verdict.failure.failure_class
@@ -238,7 +240,7 @@ class Run:
                 "attempt %d failed (%s: %s); restarting the whole world (%s restart %d of %d)",
                 attempt,
                 kind.value,
-                cause_line(verdict.root_cause) if verdict.root_cause else None,
+                verdict.root_cause.line() if verdict.root_cause else None,
                 kind.value,
                 spent,
                 _budget(options).of(kind),
@@ -246,7 +248,7 @@ class Run:
         else:
             stop = self._preemption(prepared, verdict.record["ranks"], step)
             self._summarise(prepared, history, verdict.code, stop)
-        scope.put("verdict", decision)
+        scope.put("verdict", decision.to_json())
         scope.close()  # wakes every abort watcher of this attempt
         return decision
 
@@ -257,26 +259,27 @@ class Run:
         roster: Roster,
         prepared: Prepared,
         failed: list[AttemptFailure | None],
-        mine: dict[str, Any],
+        mine: Result,
         coordinator: Coordinator,
     ) -> tuple[Verdict, bool, Coordination, int | None]:
         """The verdict, whether any rank made progress (a --progress-regex line), what the
         coordinator saw (it serves until every result is in), and the furthest step named."""
         # Waits for every node's result; a lost node's is written by node 0's heartbeat monitor.
         me = self.seat.world.agent_index
-        results = results_with_own(scope, list(roster.nodes), me, mine)
+        read = results_with_own(scope, list(roster.nodes), me, mine.to_json())
+        results = [Result.from_json(r) for r in read]
         done = coordinator.close()
-        failures = [r["failure"] for r in results if r.get("failure")]
+        failures = [r.failure for r in results if r.failure is not None]
         failures += self.seat.lost_failures(scope)
         if done.failure is not None:
             failures.append(done.failure)
-        lost = [a for a, r in zip(roster.nodes, results, strict=True) if r.get("lost")]
+        lost = [a for a, r in zip(roster.nodes, results, strict=True) if r.lost]
         options = prepared.plan.options
         replaceable = _replaceable(roster, lost, options)
         budget = _budget(options)
         script = prepared.plan.script
         verdict = judge(attempt, results, failures, budget, replaceable, failed, script)
-        progressed = any(r.get("progressed") for r in results)
+        progressed = any(r.progressed for r in results)
         return verdict, progressed, done, furthest_step(results)
 
     def _preemption(
@@ -310,7 +313,7 @@ class Run:
             metrics=self.metrics,
         )
 
-    def _stand_by(self, scope: Scope, prepared: Prepared, attempt: int) -> dict[str, Any]:
+    def _stand_by(self, scope: Scope, prepared: Prepared, attempt: int) -> Decision:
         """A spare: no ranks; wait for the attempt's verdict (a signal or node 0's loss ends the
         wait at once), warm for the moment it takes a node's place."""
         self.seat.enter(None)  # our own trouble now is a departure, never the attempt's failure
@@ -319,7 +322,7 @@ class Run:
         if warm is not None and not prepared.plan.options.cold:
             warm.ensure(self.environ)
         # Failures are node 0's to judge; if node 0 itself goes, the store closes under the wait.
-        return await_verdict(scope, self.seat.events, None)
+        return Decision.from_json(await_verdict(scope, self.seat.events, None))
 
     def _seat(self, prepared: Prepared, lineup: Lineup, attempt: int) -> None:
         plan = prepared.plan
@@ -330,16 +333,16 @@ class Run:
         self.seatings.append(record)
         outputs.write_ranks(plan.log_dir, self.seatings, plan.nproc_per_node, per_task)
 
-    def _end(self, prepared: Prepared, history: list[dict[str, Any]], end: Mapping) -> int:
+    def _end(self, prepared: Prepared, history: list[dict[str, Any]], end: LineupEnd) -> int:
         """The lineup found no way on (too few nodes, node 0 unhealthy, a stop mid-round)."""
-        code, cause = int(end["code"]), dict(end.get("cause") or {})
-        log.error("the job cannot go on: %s", cause.get("how"))
+        code, cause = end.code, end.cause
+        log.error("the job cannot go on: %s", cause.how if cause else None)
         if self.seat.leader:
             attempt = len(history)
             history.append(
                 {
                     "attempt": attempt,
-                    "root_cause": cause,
+                    "root_cause": cause.to_json() if cause else {},
                     "ranks": [],
                     **_seated_record(self.seatings, attempt),
                 }
@@ -389,17 +392,17 @@ def _seated_record(seatings: list[dict[str, Any]], attempt: int) -> dict[str, An
     return {k: v for k, v in (found or {}).items() if k != "attempt"}
 
 
-def _result(outcome: Outcome) -> dict[str, Any]:
-    return {
-        "exits": [e.to_json() for e in outcome.exits],
-        "signal": outcome.signum,
-        "refused": outcome.refused,
-        "warnings": outcome.warnings,
-        "failure": outcome.failure,
-        "progressed": outcome.progressed,
-        **({"step": outcome.step} if outcome.step is not None else {}),
-        **({"leftovers": outcome.leftovers.to_json()} if _worth(outcome.leftovers) else {}),
-    }
+def _result(outcome: Outcome) -> Result:
+    return Result(
+        exits=tuple(e.to_json() for e in outcome.exits),
+        signal=outcome.signum,
+        refused=outcome.refused,
+        warnings=tuple(outcome.warnings),
+        failure=outcome.failure,
+        progressed=outcome.progressed,
+        leftovers=outcome.leftovers.to_json() if _worth(outcome.leftovers) else None,
+        step=outcome.step,
+    )
 
 
 def _worth(leftovers: Leftovers | None) -> bool:

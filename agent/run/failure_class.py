@@ -1,8 +1,8 @@
 """An attempt's failure classed (pure): a bug in the program, or a fault of the infrastructure.
 
-The input is what the reporters already publish (`summary.failure_record` for a rank: its `how`,
-`returncode`, `traceback` from TORCHELASTIC_ERROR_FILE, `stderr_tail`; `summary.node_failure` and
-the reporter's `lost` record for the rest); the output is a frozen `AttemptFailure`. The restart
+The input is what the reporters already publish (agent.node.failure.Failure; for a rank,
+`summary.rank_failure`: its `how`, `returncode`, `traceback` from TORCHELASTIC_ERROR_FILE,
+`stderr_tail`); the output is a frozen `AttemptFailure`. The restart
 policy (`verdict.judge`) spends `--max-restarts` on program failures and `--max-infra-restarts`
 on infrastructure ones, and stops when two attempts in a row fail with the same `Signature`.
 
@@ -15,7 +15,7 @@ on infrastructure ones, and stops when two attempts in a row fail with the same 
   bounded by `--max-infra-restarts` (and by the progress guard with `--progress-regex`).
 - program: a rank's exception or exit code while its peers were healthy. A rank killed by a
   signal is a program failure too (SIGSEGV, SIGABRT, the OOM killer's SIGKILL): a scheduler's
-  signal reaches the agents themselves and is recorded as kind "signal".
+  signal reaches the agents themselves and is recorded as `Kind.SIGNAL`.
 - a rank's collective error (connection reset or closed by a peer, a collective timeout) is the
   class of the peer that died first when the attempt has one (its failure record, or its node
   lost); with every peer healthy it is the rank's own program failure (a mismatched collective
@@ -27,9 +27,11 @@ from __future__ import annotations
 import enum
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, assert_never
+
+from agent.node.failure import Failure, Kind
 
 
 class FailureClass(enum.Enum):
@@ -87,25 +89,43 @@ class AttemptFailure:
 
 
 def classify(
-    cause: Mapping[str, Any] | None,
-    failures: Sequence[Mapping[str, Any]],
+    cause: Failure | None,
+    failures: Sequence[Failure],
     lost: bool,
     script: str,
 ) -> AttemptFailure:
     """The failed attempt's class. `cause`: its root cause (the first failure); `failures`:
     every failure record of the attempt; `lost`: some node of it was lost."""
-    lost_record = next((f for f in _by_seq(failures) if f.get("kind") == "lost"), None)
+    lost_record = next((f for f in _by_seq(failures) if f.kind is Kind.LOST), None)
     if lost or lost_record is not None:
-        where = lost_record or cause or {}
-        return _infra(f"node {where.get('node_rank')} ({where.get('host')}) lost")
+        where = lost_record or cause
+        node, host = (where.node_rank, where.host) if where is not None else (None, None)
+        return _infra(f"node {node} ({host}) lost")
     if cause is None:  # a failed attempt whose record never reached the store
         return _infra("no failure record")
-    if cause.get("kind") != "rank":
-        return _infra(str(cause.get("kind") or "failure"))
+    match cause.kind:
+        case Kind.RANK:
+            pass
+        case (
+            Kind.LOST
+            | Kind.SIGNAL
+            | Kind.SETUP
+            | Kind.JOIN
+            | Kind.SECRET
+            | Kind.EXCLUDED
+            | Kind.HANG
+            | Kind.DOWN
+            | Kind.NO_PROGRESS
+            | Kind.SAME_FAILURE
+            | Kind.CLOSED
+        ):
+            return _infra(cause.kind.value)
+        case _:
+            assert_never(cause.kind)
     if _peer_error(cause):
         # A collective error: the peer that died first, when the attempt names one, is why.
         first = next(
-            (f for f in _by_seq(failures) if f.get("kind") == "rank" and not _peer_error(f)),
+            (f for f in _by_seq(failures) if f.kind is Kind.RANK and not _peer_error(f)),
             None,
         )
         if first is not None:
@@ -113,22 +133,22 @@ def classify(
     return _program(cause, script)
 
 
-def signature_of(record: Mapping[str, Any], script: str) -> Signature:
+def signature_of(record: Failure, script: str) -> Signature:
     """A rank's failure record → its signature: the traceback from the error file, else one
     the rank printed on stderr (its last lines), else how it ended."""
-    for text in (record.get("traceback"), "\n".join(_lines(record.get("stderr_tail")))):
-        if isinstance(text, str) and text:
+    for text in (record.traceback, "\n".join(record.stderr_tail)):
+        if text:
             parsed = _parse(text)
             if parsed is not None:
                 exception, frame = parsed
                 return Signature(exception, frame, None, script)
-    return Signature(None, None, str(record.get("how") or "failure"), script)
+    return Signature(None, None, record.how or "failure", script)
 
 
-def _program(record: Mapping[str, Any], script: str) -> AttemptFailure:
+def _program(record: Failure, script: str) -> AttemptFailure:
     signature = signature_of(record, script)
     return AttemptFailure(
-        FailureClass.PROGRAM, f"rank {record.get('rank')}: {signature.text()}", signature
+        FailureClass.PROGRAM, f"rank {record.rank}: {signature.text()}", signature
     )
 
 
@@ -136,13 +156,9 @@ def _infra(why: str) -> AttemptFailure:
     return AttemptFailure(FailureClass.INFRA, why)
 
 
-def _by_seq(failures: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
-    found = [f for f in failures if f and f.get("kind") != "closed"]
-    return sorted(found, key=lambda f: f.get("seq", float("inf")))
-
-
-def _lines(value: Any) -> list[str]:
-    return [str(v) for v in value] if isinstance(value, list) else []
+def _by_seq(failures: Sequence[Failure]) -> list[Failure]:
+    found = [f for f in failures if not f.closed]
+    return sorted(found, key=lambda f: f.seq if f.seq is not None else float("inf"))
 
 
 _FRAME = re.compile(r'^\s*File "(?P<path>[^"]*)", line (?P<line>\d+), in (?P<function>.*)$')
@@ -180,7 +196,7 @@ def _parse(text: str) -> tuple[str, Frame] | None:
     return exception, (user or frames)[-1]
 
 
-def _peer_error(record: Mapping[str, Any]) -> bool:
+def _peer_error(record: Failure) -> bool:
     """Whether a rank died of a collective error (its exception, or its last stderr lines)."""
-    text = "\n".join([str(record.get("traceback") or ""), *_lines(record.get("stderr_tail"))])
+    text = "\n".join([record.traceback or "", *record.stderr_tail])
     return bool(_PEER_ERROR.search(text))

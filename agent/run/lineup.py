@@ -16,6 +16,7 @@ from typing import Any
 
 from agent.errors import AgentError, ExitCode
 from agent.node.events import StoreLost, drained
+from agent.node.failure import Failure, Kind
 from agent.node.scope import Scope
 from agent.node.sealed import Tampered
 from agent.plan.roster import Exclusion, Roster
@@ -26,18 +27,41 @@ REPORT_SLACK = 5.0  # seconds node 0 waits for health reports beyond --health-ti
 
 
 @dataclass(frozen=True)
+class LineupEnd:
+    """The job cannot go on (too few nodes, node 0 unhealthy, a stop mid-round): its exit code
+    and why (None: a lineup that gave no reason)."""
+
+    code: int
+    cause: Failure | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"code": self.code, "cause": self.cause.to_json() if self.cause else None}
+
+    @staticmethod
+    def from_json(data: Any) -> LineupEnd | None:
+        """None when there is no end; a code that is no int is a rank failure's (exit 1)."""
+        if not isinstance(data, Mapping):
+            return None
+        code = data.get("code")
+        known = isinstance(code, int) and not isinstance(code, bool)
+        return LineupEnd(
+            code if known else int(ExitCode.RANK_FAILED), Failure.from_json(data.get("cause"))
+        )
+
+
+@dataclass(frozen=True)
 class Lineup:
     port: int
     roster: Roster
     plan: RunPlan | None = None  # node 0 planned again: the world changed shape
-    end: Mapping[str, Any] | None = None  # {"code", "cause"}: the job cannot go on
+    end: LineupEnd | None = None  # the job cannot go on
 
     def to_json(self) -> dict[str, Any]:
         return {
             "port": self.port,
             "roster": self.roster.to_json(),
             "plan": self.plan.to_json() if self.plan else None,
-            "end": dict(self.end) if self.end else None,
+            "end": self.end.to_json() if self.end else None,
         }
 
     @classmethod
@@ -47,7 +71,7 @@ class Lineup:
             int(data["port"]),
             Roster.from_json(data["roster"]),
             RunPlan.from_json(plan) if plan else None,
-            data.get("end"),
+            LineupEnd.from_json(data.get("end")),
         )
 
 
@@ -170,20 +194,20 @@ def seating(
     }
 
 
-def round_failure(scope: Scope) -> dict[str, Any] | None:
+def round_failure(scope: Scope) -> Failure | None:
     """The failure that ends a roll call: the latest one, unless it is a member node 0 declared
     lost (a spare can take its place) — then that member's own record if it left one first (a
     stop signal: the operator meant the whole job, as in an attempt)."""
     failure = scope.failure()
-    if failure is None or failure.get("kind") != "lost":
+    if failure is None or failure.kind is not Kind.LOST:
         return failure
-    own = scope.failure_of(failure.get("agent"))
-    return own if own is not None and own.get("kind") != "lost" else None
+    own = scope.failure_of(failure.agent)
+    return own if own is not None and own.kind is not Kind.LOST else None
 
 
 def check_wait(
-    scope: Scope, events: Any, fatal: Callable[[Scope], dict | None]
-) -> dict[str, Any] | None:
+    scope: Scope, events: Any, fatal: Callable[[Scope], Failure | None]
+) -> Failure | None:
     """One look while waiting in `scope`: raises when node 0 vanished (the heartbeat's StoreLost
     event); the failure that ends the wait, if there is one."""
     for event in drained(events):

@@ -15,6 +15,7 @@ from typing import Any
 from agent import history
 from agent.errors import AgentError
 from agent.history import liveness
+from agent.node.failure import Failure
 from agent.plan.run_id import copied
 from agent.plan.run_plan import RunPlan
 from agent.run.summary import build_summary, job_record, started_summary
@@ -182,7 +183,7 @@ _STARTING: dict[str, threading.Thread] = {}  # log dir → the thread appending 
 _START_WAIT = 30.0  # seconds the final row waits for the running one (the store's busy timeout)
 
 
-def write_unfinished(plan: RunPlan, world: World, code: int, cause: Mapping[str, Any]) -> None:
+def write_unfinished(plan: RunPlan, world: World, code: int, cause: Failure) -> None:
     """Node 0, the run ended before its first attempt: summary.json still says why (unless the
     run's own verdict is there already)."""
     if has_verdict(plan.log_dir):

@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from agent.node.result import Result
 from agent.plan.rank_set import format_ranges
 
 # Each rank's way of ending kept in the record, and the ranks each names: ranges, so a large
@@ -100,14 +101,10 @@ def judge_stop(
     )
 
 
-def furthest_step(results: Sequence[Mapping[str, Any]]) -> int | None:
+def furthest_step(results: Sequence[Result]) -> int | None:
     """The highest `step` the nodes' results name (each its ranks' last progress line)."""
-    steps = [
-        r.get("step")
-        for r in results
-        if isinstance(r.get("step"), int) and not isinstance(r.get("step"), bool)
-    ]
-    return max(steps) if steps else None  # type: ignore[type-var]
+    steps = [r.step for r in results if r.step is not None]
+    return max(steps) if steps else None
 
 
 def previous_stop_line(marker: Mapping[str, Any] | None) -> str | None:

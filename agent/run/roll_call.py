@@ -7,9 +7,9 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
-from typing import Any
 
 from agent.errors import AgentError, ExitCode
+from agent.node.failure import Failure, Kind
 from agent.node.scope import Scope
 from agent.node.seat import RunSeat
 from agent.plan.roster import Roster, Shortfall, excluded_hosts, foreign_excludes, seated
@@ -21,6 +21,7 @@ from agent.run.leftovers import LeftoverAudit, Leftovers, node_audit
 from agent.run.lineup import (
     REPORT_SLACK,
     Lineup,
+    LineupEnd,
     check_wait,
     exclusions,
     gather,
@@ -28,7 +29,6 @@ from agent.run.lineup import (
     round_failure,
 )
 from agent.run.prepare import Prepared
-from agent.run.summary import node_failure
 from agent.run.tools import RunTools
 
 log = logging.getLogger("agent")
@@ -111,7 +111,7 @@ class RollCall:
         reports = gather(scope, roster.members(), lambda: lost().keys(), o.health_timeout)
         failure = round_failure(scope)
         if failure is not None:  # an agent stopped mid-round
-            return Lineup(0, roster, end={"code": int(ExitCode.RANK_FAILED), "cause": failure})
+            return Lineup(0, roster, end=LineupEnd(int(ExitCode.RANK_FAILED), failure))
         hosts = seat.hosts()
         foreign = foreign_excludes(o.exclude, hosts) if attempt == 0 else None
         if foreign:
@@ -126,7 +126,7 @@ class RollCall:
             ended = Roster(roster.nodes, roster.spares, roster.excluded + tuple(out))
             first = out[0] if out else None
             cause = _cause(exc.message, roster, first.agent if first else 0, hosts)
-            return Lineup(0, ended, end={"code": int(exc.code), "cause": cause})
+            return Lineup(0, ended, end=LineupEnd(int(exc.code), cause))
         replan = self.tools.replan
         replanned = None
         if seat.world.task is None and len(new.nodes) != plan.nnodes and replan is not None:
@@ -137,7 +137,7 @@ class RollCall:
                     f"the world shrank to {len(new.nodes)} node(s) and the configs no longer "
                     f"fit: {exc.message}"
                 )
-                end = {"code": int(exc.code), "cause": _cause(why, roster, 0, hosts)}
+                end = LineupEnd(int(exc.code), _cause(why, roster, 0, hosts))
                 return Lineup(0, new, end=end)
         return Lineup(seat.serve_workers(), new, replanned)
 
@@ -150,7 +150,7 @@ def _ranks_of(roster: Roster) -> dict[int, int | None]:
     }
 
 
-def _cause(how: str, roster: Roster, agent: int, hosts: list[str]) -> dict[str, Any]:
+def _cause(how: str, roster: Roster, agent: int, hosts: list[str]) -> Failure:
     rank = roster.nodes.index(agent) if agent in roster.nodes else None
     host = hosts[agent] if agent < len(hosts) else f"agent {agent}"
-    return {**node_failure("excluded", rank, host, how, time.time()), "agent": agent}
+    return Failure(Kind.EXCLUDED, how, rank, host, time.time(), agent=agent)

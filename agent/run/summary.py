@@ -7,6 +7,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from agent.node.failure import Failure, Kind, words
+
 
 @dataclass(frozen=True)
 class RankExit:
@@ -46,26 +48,24 @@ def describe(returncode: int | None) -> str:
     return f"killed by {name}" if name else f"exit code {returncode}"
 
 
-def failure_record(
+def rank_failure(
     exit: RankExit, stderr_tail: Sequence[str], error_file: Mapping[str, Any] | None
-) -> dict[str, Any]:
+) -> Failure:
     """What the first failing rank's agent publishes: enough to explain the job's death."""
-    record: dict[str, Any] = {
-        "kind": "rank",
-        "rank": exit.rank,
-        "local_rank": exit.local_rank,
-        "node_rank": exit.node_rank,
-        "host": exit.host,
-        "returncode": exit.returncode,
-        "how": describe(exit.returncode),
-        "signal": signal_name(exit.returncode),
-        "time": exit.end,
-        "stderr_tail": [cap(line, LINE_CAP) for line in stderr_tail[-20:]],
-    }
     traceback = _traceback(error_file)
-    if traceback:
-        record["traceback"] = cap(traceback, TRACEBACK_CAP, keep_end=True)
-    return record
+    return Failure(
+        Kind.RANK,
+        describe(exit.returncode),
+        exit.node_rank,
+        exit.host,
+        exit.end,
+        rank=exit.rank,
+        local_rank=exit.local_rank,
+        returncode=exit.returncode,
+        signal=signal_name(exit.returncode),
+        stderr_tail=tuple(cap(line, LINE_CAP) for line in stderr_tail[-20:]),
+        traceback=cap(traceback, TRACEBACK_CAP, keep_end=True) if traceback else None,
+    )
 
 
 # What a failure record may carry: it travels through the store (8 MiB a value) and into
@@ -92,13 +92,6 @@ def _traceback(error_file: Mapping[str, Any] | None) -> str | None:
         stack = extra.get("py_callstack") if isinstance(extra, Mapping) else None
         return str(stack or message.get("message") or "") or None
     return str(message) if message else None
-
-
-def node_failure(
-    kind: str, node_rank: int | None, host: str, why: str, when: float
-) -> dict[str, Any]:
-    """A failure that is not a rank's: a lost agent, a signal, a setup error."""
-    return {"kind": kind, "node_rank": node_rank, "host": host, "how": why, "time": when}
 
 
 def job_record(world: Any, plan: Any) -> dict[str, Any]:
@@ -143,7 +136,7 @@ def build_summary(
     job: Mapping[str, Any],
     attempts: Sequence[Mapping[str, Any]],
     exit_code: int,
-    cause: Mapping[str, Any] | None = None,
+    cause: Failure | None = None,
     excluded: Sequence[Mapping[str, Any]] = (),
 ) -> dict[str, Any]:
     """`cause`: why a run ended before its first attempt (a node never joined, a mismatch);
@@ -153,7 +146,7 @@ def build_summary(
         "job": dict(job),
         "status": "succeeded" if exit_code == 0 else "failed",
         "exit_code": exit_code,
-        "root_cause": last.get("root_cause", cause),
+        "root_cause": last.get("root_cause", cause.to_json() if cause else None),
         "excluded": [dict(e) for e in excluded],
         "stragglers": [dict(s) for a in attempts for s in a.get("stragglers") or []],
         "attempts": list(attempts),
@@ -216,15 +209,6 @@ def _secs(value: Any) -> str:
 
 
 def cause_line(cause: Mapping[str, Any]) -> str:
-    """One line naming the failure: shared by the agent's report and `agent logs --summary`."""
-    if cause.get("kind") in ("no_progress", "same_failure"):  # a guard's: the failure inside
-        failure = cause.get("failure")
-        return str(cause.get("how")) + (f" (last: {cause_line(failure)})" if failure else "")
-    if cause.get("kind") == "rank":
-        return f"rank {cause.get('rank')} on {cause.get('host')} (node {cause.get('node_rank')}) {cause.get('how')}"
-    if cause.get("node_rank") is None:  # not one node's: a join timeout, a mismatch
-        return f"{cause.get('kind') or 'failure'}: {cause.get('how')}"
-    node = f"node {cause.get('node_rank')} ({cause.get('host')})"
-    if cause.get("kind") == "lost":  # `how` is what befell the node: `lost: ...`, `left: ...`
-        return f"{node} {cause.get('how')}"
-    return f"{node}: {cause.get('how')}"
+    """One line naming a failure of summary.json: shared by the agent's report and `agent logs
+    --summary` (agent.node.failure's words)."""
+    return words(cause) or ""

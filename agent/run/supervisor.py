@@ -8,17 +8,18 @@ import queue
 import signal
 import time
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from agent.node.events import AbortSeen, StoreLost
+from agent.node.failure import Failure, Kind
 from agent.node.signals import STOP, Signalled
 from agent.node.stage import Stage
 from agent.plan.ranks import RankSpec
 from agent.run import workers as w
 from agent.run.binding_check import BindingCheck
 from agent.run.leftovers import Leftovers
-from agent.run.summary import RankExit, cause_line, failure_record, node_failure
+from agent.run.summary import RankExit, rank_failure
 
 log = logging.getLogger("agent")
 IDLE_TICK = 1.0  # seconds between the supervisor's looks when nothing happens
@@ -27,7 +28,7 @@ IDLE_TICK = 1.0  # seconds between the supervisor's looks when nothing happens
 @dataclass
 class Outcome:
     exits: list[RankExit]
-    failure: dict[str, Any] | None = None  # what this node published as a failure of the attempt
+    failure: Failure | None = None  # what this node published as a failure of the attempt
     signum: int | None = None
     store_lost: str | None = None
     refused: str | None = None
@@ -50,7 +51,7 @@ class Supervisor:
         *,
         stage: Stage,  # this attempt of this run: an abort of any other is not ours
         events: queue.SimpleQueue,
-        report: Callable[[dict[str, Any]], dict[str, Any] | None],
+        report: Callable[[Failure], Failure | None],
         grace: float,
         hang_warning: float,
         processes: w.Processes | None = None,
@@ -143,23 +144,19 @@ class Supervisor:
             self.hang.exited(exit.rank, event.returncode, event.when)
         if state == "failed" and self._deadline is None:
             worker.err.done.wait(1.0)  # let the pipe drain so the record has its last words
-            record = failure_record(
+            record = rank_failure(
                 exit, self._stderr_tail(worker), _read_error_file(worker.spec.error_file)
             )
             lost_with = getattr(worker.proc, "lost_with", None)  # a warm rank's zygote died
             if lost_with:
-                record["how"] = f"{record['how']} {lost_with}"
+                record = replace(record, how=f"{record.how} {lost_with}")
             self.outcome.failure = self._report(record) or record
-            self._stop(f"rank {exit.rank} {record['how']}")
+            self._stop(f"rank {exit.rank} {record.how}")
 
-    def _on_abort(self, record: dict[str, Any]) -> None:
-        if "refused" in record:
-            self.outcome.refused = record["refused"]
-            self._stop(f"refused the abort record: {record['refused']}")
-            return
+    def _on_abort(self, record: Failure) -> None:
         if self._deadline is None:
             # in the report's words: `node 1 (n1) lost: ...`, the node named once
-            self._stop(f"failure elsewhere ({cause_line(record)})", _operator_signal(record))
+            self._stop(f"failure elsewhere ({record.line()})", _operator_signal(record))
 
     def _on_signal(self, signum: int, how: str | None = None) -> None:
         name = signal.Signals(signum).name
@@ -174,14 +171,14 @@ class Supervisor:
             self.outcome.signum = signum
             if self._deadline is None:
                 spec = self.specs[0] if self.specs else None
-                record = node_failure(
-                    "signal",
+                record = Failure(
+                    Kind.SIGNAL,
+                    how or f"agent received {name}",
                     spec.node_rank if spec else -1,
                     spec.host if spec else "?",
-                    how or f"agent received {name}",
                     time.time(),
+                    signal=name,  # peers stop their ranks with the same signal
                 )
-                record["signal"] = name  # peers stop their ranks with the same signal
                 self.outcome.failure = self._report(record) or record
             elif signum != signal.SIGTERM:
                 # Already stopping for a peer's reason: the operator's signal still reaches the ranks.
@@ -251,9 +248,9 @@ class Supervisor:
                 log.warning(msg)
 
 
-def _operator_signal(record: dict[str, Any]) -> int:
+def _operator_signal(record: Failure) -> int:
     """Ctrl-C on one node reaches every rank as SIGINT, not as a SIGTERM teardown."""
-    name = record.get("signal") if record.get("kind") == "signal" else None
+    name = record.signal if record.kind is Kind.SIGNAL else None
     allowed = {s.name: s for s in STOP}
     return allowed.get(name, signal.SIGTERM) if isinstance(name, str) else signal.SIGTERM
 

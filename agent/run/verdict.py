@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import math
 import signal
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 from agent.errors import ExitCode
-from agent.node.sealed import TAMPERING
+from agent.node.failure import Failure, Kind
+from agent.node.result import Result
 from agent.run.failure_class import AttemptFailure, FailureClass, classify
 from agent.run.summary import RankExit
 
@@ -17,7 +19,7 @@ from agent.run.summary import RankExit
 class Verdict:
     code: int
     restart: bool
-    root_cause: Mapping[str, Any] | None
+    root_cause: Failure | None
     record: Mapping[str, Any]  # this attempt in summary.json: root cause, ranks, lost nodes
     failure: AttemptFailure | None = None  # how it failed: program or infrastructure (None: ok)
 
@@ -38,34 +40,34 @@ class Budget:
         )
 
 
-def root_cause(failures: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
+def root_cause(failures: Sequence[Failure]) -> Failure | None:
     """The failure the store saw first (lowest sequence number); the rest are consequences."""
-    ranked = [f for f in failures if f and f.get("kind") != "closed"]
-    return min(ranked, key=lambda f: f.get("seq", float("inf"))) if ranked else None
+    ranked = [f for f in failures if not f.closed]
+    return min(ranked, key=lambda f: f.seq if f.seq is not None else math.inf) if ranked else None
 
 
 def judge(
     attempt: int,
-    results: Sequence[Mapping[str, Any]],
-    failures: Sequence[Mapping[str, Any]],
+    results: Sequence[Result],
+    failures: Sequence[Failure],
     budget: Budget,
     replaceable: bool = False,
     earlier: Sequence[AttemptFailure | None] = (),
     script: str = "",
 ) -> Verdict:
-    """`results`: one per node ({"exits": [...], "signal", "refused", ...} or {"lost": True,
-    "node", "host"}); `failures`: every failure record published in this attempt;
+    """`results`: one per node (how its ranks ended, or that node 0 declared it lost);
+    `failures`: every failure record published in this attempt;
     `replaceable`: a spare (or a smaller world) can stand in for the lost nodes; `earlier`:
     how the run's earlier attempts failed, in order (each one was restarted); `script`: the
     run's, named by a failure without a traceback."""
     cause = root_cause(failures)
-    ranks = [dict(e) for r in results for e in r.get("exits", [])]
-    lost = [r for r in results if r.get("lost")]
+    ranks = [dict(e) for r in results for e in r.exits]
+    lost = [r for r in results if r.lost]
     for r in lost:
-        gone = RankExit(-1, -1, r["node"], r["host"], None, None, "lost", 0.0, None, attempt)
+        gone = RankExit(-1, -1, r.node, r.host, None, None, "lost", 0.0, None, attempt)
         ranks.append(gone.to_json())
     code = _code(cause, ranks, lost, results)
-    signalled = any(r.get("signal") for r in results)
+    signalled = any(r.signal for r in results)
     # An operator's stop is final; a lost node's place must be filled before the world can run;
     # a store an outsider tampers with would only be tampered with again.
     failure = classify(cause, failures, bool(lost), script) if code != ExitCode.OK else None
@@ -78,12 +80,12 @@ def judge(
     )
     record = {
         "attempt": attempt,
-        "root_cause": dict(cause) if cause else None,
+        "root_cause": cause.to_json() if cause else None,
         "ranks": sorted(ranks, key=lambda e: e["rank"]),
-        "lost_nodes": [r["node"] for r in lost],
-        "warnings": [w for r in results for w in r.get("warnings") or []][:1000],
+        "lost_nodes": [r.node for r in lost],
+        "warnings": [w for r in results for w in r.warnings][:1000],
         # what each node's audit ended or found still holding it (agent.run.leftovers)
-        "leftovers": [dict(r["leftovers"]) for r in results if r.get("leftovers")][:1000],
+        "leftovers": [dict(r.leftovers) for r in results if r.leftovers][:1000],
         **({"failure": failure.to_json()} if failure is not None else {}),
     }
     verdict = Verdict(int(code), restart, cause, record, failure)
@@ -110,13 +112,13 @@ def _guard_same(
         return verdict
     assert failure.signature is not None
     how = f"the same failure twice: {failure.signature.text()}; not restarting"
-    return _called_off(verdict, "same_failure", how, [attempt - 1, attempt])
+    return _called_off(verdict, Kind.SAME_FAILURE, how, [attempt - 1, attempt])
 
 
-def tampered(cause: Mapping[str, Any] | None) -> bool:
+def tampered(cause: Failure | None) -> bool:
     """Whether the root cause is an agent that found the store tampered with (a record the job
     wrote gone or altered: agent.run.bounded_wait)."""
-    return cause is not None and str(cause.get("how", "")).startswith(TAMPERING)
+    return cause is not None and cause.tampering
 
 
 def guard_loop(verdict: Verdict, progressed: Sequence[bool]) -> Verdict:
@@ -128,44 +130,40 @@ def guard_loop(verdict: Verdict, progressed: Sequence[bool]) -> Verdict:
         return verdict
     k = len(progressed) - 1
     how = f"no progress in attempts {k - 1} and {k}; not restarting"
-    return _called_off(verdict, "no_progress", how, [k - 1, k])
+    return _called_off(verdict, Kind.NO_PROGRESS, how, [k - 1, k])
 
 
-def _called_off(verdict: Verdict, kind: str, how: str, attempts: list[int]) -> Verdict:
+def _called_off(verdict: Verdict, kind: Kind, how: str, attempts: list[int]) -> Verdict:
     """A restart called off (exit 5): the guard is the root cause, the attempt's own failure
     kept under "failure"."""
-    cause: dict[str, Any] = {"kind": kind, "how": how, "attempts": attempts}
-    if verdict.root_cause:
-        cause["failure"] = dict(verdict.root_cause)
-    record = {**verdict.record, "root_cause": cause}
+    cause = Failure(kind, how, attempts=tuple(attempts), failure=verdict.root_cause)
+    record = {**verdict.record, "root_cause": cause.to_json()}
     return replace(
         verdict, code=int(ExitCode.NO_PROGRESS), restart=False, root_cause=cause, record=record
     )
 
 
-def _stop_signal(
-    cause: Mapping[str, Any] | None, results: Sequence[Mapping[str, Any]]
-) -> int | None:
+def _stop_signal(cause: Failure | None, results: Sequence[Result]) -> int | None:
     """The signal an operator stopped the attempt with (Ctrl-C, scancel): the root cause's when
     the stop came first, else the one an agent received while its node was already stopping."""
-    name = cause.get("signal") if cause and cause.get("kind") == "signal" else None
+    name = cause.signal if cause is not None and cause.kind is Kind.SIGNAL else None
     if isinstance(name, str) and name in signal.Signals.__members__:
         return int(signal.Signals[name])
-    return next((int(r["signal"]) for r in results if isinstance(r.get("signal"), int)), None)
+    return next((r.signal for r in results if r.signal is not None), None)
 
 
 def _code(
-    cause: Mapping[str, Any] | None,
+    cause: Failure | None,
     ranks: Sequence[Mapping[str, Any]],
-    lost: Sequence[Mapping[str, Any]],
-    results: Sequence[Mapping[str, Any]],
+    lost: Sequence[Result],
+    results: Sequence[Result],
 ) -> int:
     stop = _stop_signal(cause, results)
     if stop:  # README's table: 130 after SIGINT, 143 after SIGTERM, whatever the ranks did then
         return 128 + stop
-    if any(r.get("refused") for r in results) or tampered(cause):
+    if any(r.refused for r in results) or tampered(cause):
         return ExitCode.REFUSED
-    if lost or (cause and cause.get("kind") == "lost"):
+    if lost or (cause is not None and cause.kind is Kind.LOST):
         return ExitCode.RENDEZVOUS
     if any(e["state"] == "failed" for e in ranks) or cause is not None:
         return ExitCode.RANK_FAILED
@@ -179,8 +177,9 @@ def with_collectives(verdict: Verdict, lines: Sequence[str]) -> Verdict:
     dumps say who waited for whom)."""
     if not lines:
         return verdict
-    cause = dict(verdict.root_cause) if verdict.root_cause else None
-    if cause is not None and cause.get("kind") == "rank":
-        cause["how"] = f"{cause.get('how')}; NCCL's dumps: {lines[0]}"
-    record = {**verdict.record, "root_cause": cause, "collectives": list(lines)}
+    cause = verdict.root_cause
+    if cause is not None and cause.kind is Kind.RANK:
+        cause = replace(cause, how=f"{cause.how}; NCCL's dumps: {lines[0]}")
+    root = cause.to_json() if cause else None
+    record = {**verdict.record, "root_cause": root, "collectives": list(lines)}
     return replace(verdict, root_cause=cause, record=record)

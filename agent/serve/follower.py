@@ -14,6 +14,7 @@ from agent.control import lifeline, wire
 from agent.errors import AgentError, ExitCode, PeerFailed
 from agent.node.agent import NodeAgent
 from agent.node.events import StoreLost, drained
+from agent.node.failure import Kind
 from agent.node.scope import Scope
 from agent.node.signals import Interrupted
 from agent.node.stage import Stage
@@ -47,8 +48,8 @@ def _follow(
         scope = agent.scope(Stage(number).scope(), wakes=("plan", "done"))
         _await(agent, scope)
         failure = scope.failure()
-        if failure is not None and failure.get("kind") == "down":
-            log.info("node 0 stopped serving: %s", failure.get("how"))
+        if failure is not None and failure.kind is Kind.DOWN:
+            log.info("node 0 stopped serving: %s", failure.how)
             return 0
         from agent.console.view import Sinks
 
@@ -60,7 +61,7 @@ def _follow(
                 log.warning("run %d ended: %s", number, exc.message)
             except AgentError as exc:  # ours (a missing script here, say): all must hear of it
                 log.error("run %d: %s", number, exc.message)
-                agent.tell("setup", exc.message)
+                agent.tell(exc)
         if agent.signals.received is not None:
             raise Interrupted(agent.signals.received)
         agent.phase = None  # between runs our own trouble is a departure, not a run's failure

@@ -24,6 +24,7 @@ from agent.hang.fallback import private_dir
 from agent.hang.recorder import with_probe
 from agent.launch.node_start import node_agent, node_world, topology_at
 from agent.node.agent import NodeAgent, lost_store_error
+from agent.node.failure import Failure, Kind
 from agent.node.signals import Interrupted
 from agent.node.stage import Stage
 from agent.run.warm_source import WarmSource, preload_modules
@@ -107,7 +108,7 @@ def _stop_everyone(agent: NodeAgent, leader: Leader | None, how: str) -> None:
     scope = agent.scope(Stage(leader.run).scope(), wakes=("plan", "done"))
     try:
         scope.on(agent.store.another_client(op_timeout=2.0)).report(
-            {"kind": "down", "how": how, "agent": 0, "time": time.time()}, slot="down"
+            Failure(Kind.DOWN, how, time=time.time(), agent=0), slot="down"
         )
     except Exception as exc:
         log.warning("could not tell the other agents to stop: %s", exc)

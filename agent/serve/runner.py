@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 import os
 import queue
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -20,6 +19,7 @@ from agent.control.stacks_service import write_control
 from agent.errors import AgentError, ExitCode, PeerFailed
 from agent.node.agent import NodeAgent
 from agent.node.events import StoreLost, drained
+from agent.node.failure import Failure, Kind
 from agent.node.signals import Interrupted
 from agent.plan.client_env import client_env
 from agent.plan.roster import Exclusion, Roster, Shortfall
@@ -27,7 +27,6 @@ from agent.plan.run_plan import Request, RunPlan, decide
 from agent.plan.topology import Topology
 from agent.run import outputs
 from agent.run.node_run import Session
-from agent.run.summary import node_failure
 from agent.run.tools import RunTools
 from agent.run.warm_source import WarmSource
 from agent.serve.cli import parse_run
@@ -86,11 +85,11 @@ class RunRunner:
             except AgentError as exc:
                 own = not isinstance(exc, PeerFailed)
                 if own:  # ours: the other nodes must hear of it
-                    self.agent.tell("setup", exc.message)
+                    self.agent.tell(exc)
                 cause = (
-                    node_failure("setup", world.node_rank, world.host, exc.message, time.time())
+                    self.agent.failed(Kind.SETUP, exc.message, exc)
                     if own
-                    else {"kind": "join", "how": exc.message}
+                    else Failure(Kind.JOIN, exc.message)
                 )
                 outputs.write_unfinished(plan, world, int(exc.code), cause)  # the record's end
                 return {"error": exc.message, "code": int(exc.code)}

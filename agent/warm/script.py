@@ -18,7 +18,7 @@ from typing import Any, NoReturn
 
 def run(request: Mapping[str, Any], keep: frozenset[str]) -> tuple[int, bool]:
     """(exit code, ended by an uncaught KeyboardInterrupt) once the user's code is done."""
-    kind, target, args = request["kind"], request["target"], list(request["args"])
+    kind, target, args = request["form"], request["target"], list(request["args"])
     sys.orig_argv = list(request["argv"])
     main = _fresh_main()
     runner: Callable[[], object]

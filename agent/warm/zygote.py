@@ -222,7 +222,7 @@ class Zygote:
         command = warm_command(start.argv, sys.executable)
         assert command is not None  # checked by fork_all
         return {
-            "kind": command.kind,
+            "form": command.kind,  # a script or a module (agent.warm.command)
             "target": command.target,
             "args": list(command.args),
             "argv": list(start.argv),

@@ -9,7 +9,7 @@ besides the preload list (and ctypes, for PDEATHSIG) is dropped from a rank's sy
 
 Single-threaded on purpose (fork copies only the calling thread): one selector loop over the
 control socket and the SIGCHLD wakeup pipe. Protocol, one JSON object per line: the agent sends
-{"op": "fork", "id", "kind", "target", "args", "argv", "env", "cwd", "cpus", "mems", "strict",
+{"op": "fork", "id", "form", "target", "args", "argv", "env", "cwd", "cpus", "mems", "strict",
 "adopt", ...} with the rank's stdout and stderr pipes and the read end of its go pipe attached
 (SCM_RIGHTS); the zygote answers "ready" (once), "forked" {"id", "pid"} or {"id", "error"}, and,
 for a rank not adopted, "exit" {"id", "pid", "code"} when it reaped one. An adopted rank is
