@@ -21,6 +21,7 @@ import stat
 from collections.abc import Mapping
 from typing import Any
 
+from agent.plan.log_dir import LogDir
 from agent.text import printable
 
 RUNNING, KILLED, ENDED = "running", "killed", "ended"
@@ -54,7 +55,7 @@ def state(summary: Mapping[str, Any] | None) -> str:
 def unfinished(log_dir: str) -> tuple[str, str] | None:
     """LOG_DIR's job when its summary.json is still its running record: (RUNNING or KILLED, one
     line that says so, naming the job); None when it has its verdict, or nothing to judge."""
-    summary = _record(os.path.join(log_dir, "summary.json"))
+    summary = _record(LogDir(log_dir).summary)
     judged = state(summary)
     if summary is None or judged == ENDED:
         return None

@@ -10,8 +10,8 @@ from typing import Any
 
 from agent.logs.logdir import open_regular, read_json
 from agent.logs.selection import Where
+from agent.plan.log_dir import LogDir, is_agent_log
 
-AGENT_LOG = re.compile(r"agent-\d+\.log")
 _STARTING = re.compile(rb"attempt \d+: starting ranks (\d{1,9})(?:-(\d{1,9}))? on (\S{1,255})")
 _AGENT_LOG_HEAD = 1 << 14  # the "starting ranks" line is near the top of an agent log
 _MAX_SPAN = 1 << 12  # ranks one agent starts: a line claiming more is not the agent's
@@ -21,19 +21,17 @@ _MAX_RANKS = 1 << 20  # ranks named from agent logs: bounded memory whatever the
 
 def read_where(log_dir: str, names: Iterable[str]) -> dict[int, Where]:
     """rank → host from ranks.json, else summary.json, else the agent logs' first lines."""
-    for source, name in (
-        (where_from_ranks_json, "ranks.json"),
-        (where_from_summary, "summary.json"),
+    for source, path in (
+        (where_from_ranks_json, LogDir(log_dir).ranks),
+        (where_from_summary, LogDir(log_dir).summary),
     ):
         try:
-            found = source(read_json(os.path.join(log_dir, name)))
+            found = source(read_json(path))
         except (OSError, ValueError):
             found = {}  # being written, or damaged: the next source may know
         if found:
             return found
-    return where_from_agent_logs(
-        _heads(log_dir, sorted(n for n in names if AGENT_LOG.fullmatch(n)))
-    )
+    return where_from_agent_logs(_heads(log_dir, sorted(n for n in names if is_agent_log(n))))
 
 
 def where_from_ranks_json(data: Any) -> dict[int, Where]:

@@ -9,12 +9,13 @@ from agent.history.liveness import unfinished
 from agent.logs.logdir import check_dir, read_json
 from agent.logs.selection import safe_text
 from agent.logs.timeline import layout, svg
+from agent.plan.log_dir import LogDir
 
 
 def write_timeline(log_dir: str, target: str) -> str:
     """Draw the job into `target` (write-then-rename); the line to print. AgentError (2) when
     there is no summary.json to draw or the file cannot be written."""
-    summary = _json(os.path.join(log_dir, "summary.json"))
+    summary = _json(LogDir(log_dir).summary)
     if summary is None:
         check_dir(log_dir)
         raise AgentError(
@@ -22,12 +23,12 @@ def write_timeline(log_dir: str, target: str) -> str:
             "draws a finished job"
         )
     if not isinstance(summary, dict):
-        raise AgentError(f"{os.path.join(log_dir, 'summary.json')} is not a JSON object")
+        raise AgentError(f"{LogDir(log_dir).summary} is not a JSON object")
     judged = unfinished(log_dir)
     if judged is not None:  # its record from the start: no verdict to draw
         raise AgentError(f"{judged[1]}: the timeline draws a job from its summary, at its end")
     try:
-        ranks = _json(os.path.join(log_dir, "ranks.json"))
+        ranks = _json(LogDir(log_dir).ranks)
     except AgentError:
         ranks = None  # only a fallback for the seating of old summaries
     seatings = ranks.get("attempts") if isinstance(ranks, dict) else None

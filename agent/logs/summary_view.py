@@ -13,7 +13,7 @@ from agent.errors import AgentError
 from agent.history.liveness import RUNNING, unfinished
 from agent.logs.logdir import check_dir, read_json
 from agent.logs.selection import LogsCommand, Selection, safe_text, selected
-from agent.plan.ranks import FR_DUMP_PREFIX
+from agent.plan.log_dir import LogDir, is_nccl_trace
 from agent.run.summary import cause_line, straggler_line
 
 
@@ -137,9 +137,7 @@ def flight_recorder_dumps(log_dir: str, most: int = 1000) -> list[str]:
     """The NCCL flight recorder dumps ranks left in the log dir (named by agent.plan.ranks)."""
     try:
         with os.scandir(log_dir) as entries:
-            names = [
-                e.name for e in entries if e.name.startswith(FR_DUMP_PREFIX + ".") and e.is_file()
-            ]
+            names = [e.name for e in entries if is_nccl_trace(e.name) and e.is_file()]
     except OSError:
         return []
     return sorted(names)[:most]
@@ -148,7 +146,7 @@ def flight_recorder_dumps(log_dir: str, most: int = 1000) -> list[str]:
 def show_summary(command: LogsCommand, out: BinaryIO, colour: bool) -> int:
     from rich.console import Console
 
-    path = os.path.join(command.log_dir, "summary.json")
+    path = LogDir(command.log_dir).summary
     try:
         summary = read_json(path)
     except (OSError, ValueError) as exc:
