@@ -1,4 +1,4 @@
-"""`agent logs LOG_DIR --timeline FILE.svg`: read the log dir, draw (agent.logs.timeline), write."""
+"""`agent logs LOG_DIR --timeline FILE.svg`: read the log dir, draw (agent.logs.timeline, timeline_svg), write."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ from agent.errors import AgentError
 from agent.history.liveness import unfinished
 from agent.logs.logdir import check_dir, read_json
 from agent.logs.selection import safe_text
-from agent.logs.timeline import layout, svg
+from agent.logs.timeline import layout
+from agent.logs.timeline_svg import svg
 from agent.plan.log_dir import LogDir
 
 

@@ -14,6 +14,7 @@ from typing import Any
 from agent import history
 from agent.errors import AgentError
 from agent.history import liveness
+from agent.history.summary_doc import read_summary
 from agent.plan.log_dir import LogDir, job_files
 from agent.plan.run_id import copied
 from agent.plan.run_plan import RunPlan
@@ -186,9 +187,10 @@ def has_verdict(log_dir: str) -> bool:
     """Whether LOG_DIR/summary.json is the job's last word (not its running record)."""
     try:
         with open(LogDir(log_dir).summary) as f:
-            return json.load(f).get("status") != liveness.RUNNING
-    except (OSError, ValueError, AttributeError):
+            found = json.load(f)
+    except (OSError, ValueError):
         return False
+    return isinstance(found, dict) and not read_summary(found).running
 
 
 def write_summary(log_dir: str, summary: Mapping[str, Any]) -> str | None:
