@@ -6,6 +6,7 @@ import os
 
 from agent.errors import AgentError
 from agent.history.liveness import unfinished
+from agent.history.summary_doc import read_seatings, read_summary
 from agent.logs.logdir import check_dir, read_json
 from agent.logs.selection import safe_text
 from agent.logs.timeline import layout
@@ -32,8 +33,8 @@ def write_timeline(log_dir: str, target: str) -> str:
         ranks = _json(LogDir(log_dir).ranks)
     except AgentError:
         ranks = None  # only a fallback for the seating of old summaries
-    seatings = ranks.get("attempts") if isinstance(ranks, dict) else None
-    timeline = layout(summary, seatings if isinstance(seatings, list) else ())
+    seatings = read_seatings(ranks.get("attempts") if isinstance(ranks, dict) else None)
+    timeline = layout(read_summary(summary), seatings)
     tmp = f"{target}.tmp-{os.getpid()}"
     try:
         with open(tmp, "w", encoding="utf-8") as f:
