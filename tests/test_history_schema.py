@@ -89,3 +89,28 @@ def test_no_database_is_version_0_and_a_new_one_is_current(tmp_path, missing):
     if not missing:
         _append(path, FINISHED)
         assert store.version_of(path) == store.VERSION
+
+
+def test_an_older_database_without_the_added_columns_is_migrated_too(tmp_path):
+    """The schema before run ids, node 0's record, the budgets and the failure classes (as
+    tests/test_history.py builds it): version 0 too, brought to this version at its append."""
+    from test_history import OLD_SCHEMA
+
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    path = state / store.FILE_NAME
+    con = sqlite3.connect(path)
+    for statement in OLD_SCHEMA:
+        con.execute(statement)
+    con.commit()
+    con.close()
+    assert store.version_of(path) == 0
+    assert _append(path, FINISHED) == path
+    assert store.version_of(path) == store.VERSION
+    old, new = store.read(path, match=lambda record: True)
+    assert (old.record.run_id, old.record.cause, old.record.max_restarts) == (
+        "70.0",
+        "it broke",
+        None,
+    )
+    assert new.record == from_summary(FINISHED, NOW)
