@@ -16,6 +16,7 @@ from rich.cells import cell_len
 
 from agent.history import store
 from agent.history.record import attempt_record, cause_line, from_summary
+from agent.history.summary_doc import Attempt
 from agent.history.view import (
     ATTEMPT_COLUMNS,
     JOB_COLUMNS,
@@ -153,7 +154,7 @@ def _on_a_terminal(argv: list[str], env: dict[str, str]) -> str:
 
 
 def test_ranks_the_agents_stopped_are_not_counted_failed():
-    attempt = attempt_record(summary("1", RANK_CAUSE, [])["attempts"][0], 0)
+    attempt = attempt_record(Attempt.from_json(summary("1", RANK_CAUSE, [])["attempts"][0], 0))
     assert (attempt.ranks, attempt.failed) == (4, 2)  # rank 0 failed, rank 3 lost with its node
 
 
@@ -168,12 +169,12 @@ def test_ranks_the_agents_stopped_are_not_counted_failed():
 def test_a_lost_nodes_ranks_count_by_its_planned_range(nodes, ranks, failed):
     """A lost node has one row for all its ranks (rank -1, as node 0 writes it): the attempt
     still ran 4 ranks, and both of the lost node's failed with it."""
-    attempt = attempt_record(
+    attempt = attempt_record(Attempt.from_json(
         {"ranks": [rank(0, "terminated"), rank(1, "terminated"), rank(-1, "lost", 1)],
          "nodes": [{"node": n, "host": f"n{n}", "ranks": r} for n, r in enumerate(nodes)],
          "lost_nodes": [1]},
         0,
-    )  # fmt: skip
+    ))  # fmt: skip
     assert (attempt.ranks, attempt.failed) == (ranks, failed)
 
 

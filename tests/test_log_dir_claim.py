@@ -9,8 +9,9 @@ import threading
 import pytest
 
 from agent.errors import AgentError
+from agent.plan.log_dir import job_files
 from agent.plan.run_id import copied
-from agent.run.outputs import claim_log_dir, job_files
+from agent.run.outputs import claim_log_dir
 
 
 @pytest.mark.parametrize(

@@ -467,3 +467,71 @@ def test_no_message_text_decides():
         if re.search(r"\.startswith\(\s*TAMPERING", line)
     ]
     assert found == []
+
+
+# -- the log dir's file names: one owner -------------------------------------------------
+LOG_DIR_OWNER = "agent.plan.log_dir"
+# A file name of the log dir spelled as code (a literal, an f-string's or a pattern's text):
+# summary.json & co. whole, a rank file's or an agent log's stem, the stacks file.
+FILE_NAME_LITERAL = re.compile(
+    r"(summary|ranks|control)\.json|metrics\.prom|\.summary-reserve"
+    r"|(^|[./])rank-$|rank-\{|rank-\(|rank-\\d|(^|[./])agent-$|agent-\{|agent-\\d|stacks-a"
+)
+
+
+def code_strings(tree: ast.Module) -> list[tuple[int, str]]:
+    """(line, text) of every string constant that is code: docstrings are prose, and so is a
+    string with a space in it (a help text, a log line naming a file for people)."""
+    docs = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
+    return [
+        (node.lineno, node.value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
+        and id(node) not in docs
+        and " " not in node.value
+    ]
+
+
+def file_name_literals(modules: Mapping[str, tuple[Path, str, ast.Module]]) -> list[str]:
+    """Where a module other than the log dir's owner spells one of its files' names."""
+    return sorted(
+        f"{name}:{line} {text!r}"
+        for name, (_, _, tree) in modules.items()
+        if name != LOG_DIR_OWNER
+        for line, text in code_strings(tree)
+        if FILE_NAME_LITERAL.search(text)
+    )
+
+
+@pytest.mark.parametrize(
+    ("source", "found"),
+    [
+        pytest.param('p = os.path.join(d, "summary.json")', ["1 'summary.json'"], id="literal"),
+        pytest.param('p = f"{d}/rank-{r:05d}.out"', ["1 '/rank-'"], id="f-string"),
+        pytest.param(r'R = re.compile(r"rank-(\d+)\.out")', [r"1 'rank-(\\d+)\\.out'"], id="re"),
+        pytest.param('p = d + "/stacks-a1.txt"', ["1 '/stacks-a1.txt'"], id="stacks"),
+        pytest.param('P = "agent-{i:05d}.log"', ["1 'agent-{i:05d}.log'"], id="agent-log"),
+        pytest.param('"""summary.json, read."""\nx = 1', [], id="docstring"),
+        pytest.param('help = "needs ranks.json or summary.json"', [], id="prose"),
+        pytest.param('flag = "--rank-prefix"', [], id="an-option"),
+    ],
+)
+def test_file_name_literals_finds_a_spelled_name(source, found):
+    modules = {"agent.x.y": (Path("y"), source, ast.parse(source))}
+    assert [f.split(":", 1)[1] for f in file_name_literals(modules)] == found
+
+
+def test_the_log_dir_names_its_files_once():
+    """summary.json, ranks.json, control.json, metrics.prom, the rank files, the agent logs
+    and the stacks files are named in agent.plan.log_dir only: every writer and reader asks a
+    `LogDir`, so no two can disagree on a name."""
+    assert LOG_DIR_OWNER in agent_modules()
+    assert file_name_literals(agent_modules()) == []

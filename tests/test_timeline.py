@@ -8,7 +8,8 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from agent.logs.timeline import MAX_ATTEMPTS, MAX_LANES, RANK_LANES, Timeline, layout, svg
+from agent.logs.timeline import MAX_ATTEMPTS, MAX_LANES, RANK_LANES, Timeline, layout
+from agent.logs.timeline_svg import svg
 
 SVG = "{http://www.w3.org/2000/svg}"
 

@@ -8,7 +8,6 @@ stacks LOG_DIR` finds a live job from its logs; resident agents write it into ea
 from __future__ import annotations
 
 import logging
-import os
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -18,6 +17,7 @@ from agent.control.debug_service import DebugService, paused_ranks
 from agent.control.top_service import TopService
 from agent.errors import AgentError
 from agent.pause.paused import render_list
+from agent.plan.log_dir import LogDir
 from agent.plan.rank_set import parse_rank_set
 from agent.run.node_run import Session
 from agent.world import World
@@ -26,7 +26,6 @@ if TYPE_CHECKING:
     from agent.control.lifeline import Lifelines
 
 log = logging.getLogger("agent")
-CONTROL_FILE = "control.json"
 CAPTURE_SECONDS = 2.0
 NATIVE_SECONDS = 8.0  # native unwinding is ~5x slower per rank, and every rank dumps at once
 
@@ -102,7 +101,7 @@ def open_control(
 
 def write_control(log_dir: str, world: World, port: int, run: int) -> str | None:
     """LOG_DIR/control.json (0600): where `agent stacks LOG_DIR` finds node 0."""
-    path = os.path.join(log_dir, CONTROL_FILE)
+    path = LogDir(log_dir).control
     record = connection.record_for(world, port, run)
     try:
         from agent.run.outputs import prepare_log_dir

@@ -26,6 +26,7 @@ from agent.pause.paused import (
     render_list,
     several,
 )
+from agent.plan.log_dir import LogDir
 from agent.serve import client, pdb_terminal
 from agent.serve.commands import has_verdict, killed, not_live, with_log_dir_hint
 from agent.text import printable
@@ -96,7 +97,7 @@ def _connect(
     home = Path.home()
     if log_dir is not None:  # LOG_DIR, or the id of its job (agent history's)
         log_dir = log_dir_of(log_dir, environ)
-    control = os.path.join(log_dir, "control.json") if log_dir is not None else None
+    control = LogDir(log_dir).control if log_dir is not None else None
     if control is not None and serve is None and (not os.path.isfile(control) or killed(log_dir)):
         raise not_live(log_dir or "")
     try:

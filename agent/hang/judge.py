@@ -17,7 +17,6 @@ overdue (agent.hang.overdue) — before torch's own timeout ends some ranks with
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 
@@ -29,6 +28,7 @@ from agent.hang.standing import Ended, Standing, stillness
 from agent.hang.watch import RECHECK_DESK
 from agent.node.failure import Failure, Kind
 from agent.node.scope import Scope
+from agent.plan.log_dir import LogDir
 
 log = logging.getLogger("agent")
 STACKS_IN_RECORD = 32 << 10  # characters of the collated stacks kept in the failure record
@@ -139,7 +139,7 @@ class HangJudge:
         ended = Ended.of(standings)
         view = collective_view(stacks, groups, {e.rank: e.returncode for e in ended.ranks})
         text = render_view(view) + render(groups)
-        path = os.path.join(self.log_dir, f"stacks-a{self.attempt}.txt")
+        path = LogDir(self.log_dir).stacks(self.attempt)
         try:
             with open(path, "w", encoding="utf-8") as f:
                 f.write(text)

@@ -18,14 +18,13 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import stat
 from collections.abc import Mapping
 from typing import Any
 
 from agent.hang.plain_data import NotPlainData, plain_data
 from agent.hang.recorder import RankRecorder
-from agent.plan.ranks import FR_DUMP_PREFIX
+from agent.plan.log_dir import nccl_trace_rank
 
 log = logging.getLogger("agent")
 DUMP_LIMIT = 32 << 20  # bytes: 2,000 entries with their frames are a few MB
@@ -36,19 +35,18 @@ MAX_DUMPS = 65536  # files read per attempt at most
 def recorders(log_dir: str, attempt: int) -> dict[int, RankRecorder]:
     """rank → its recorder, from every dump of `attempt` in `log_dir` ({} when there are none:
     no NCCL, or no collective timed out)."""
-    pattern = re.compile(rf"{re.escape(FR_DUMP_PREFIX)}\.a{attempt}\.rank-(\d+)$")
     try:
         names = os.listdir(log_dir)
     except OSError:
         return {}
     found: dict[int, RankRecorder] = {}
     for name in names[:MAX_DUMPS]:
-        match = pattern.match(name)
-        if match is None:
+        rank = nccl_trace_rank(name, attempt)
+        if rank is None:
             continue
         trace = read_dump(os.path.join(log_dir, name))
         if trace is not None:
-            found[int(match.group(1))] = recorder_of(trace)
+            found[rank] = recorder_of(trace)
     return found
 
 

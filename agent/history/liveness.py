@@ -21,9 +21,11 @@ import stat
 from collections.abc import Mapping
 from typing import Any
 
+from agent.history.summary_doc import RUNNING, Summary, read_summary
+from agent.plan.log_dir import LogDir
 from agent.text import printable
 
-RUNNING, KILLED, ENDED = "running", "killed", "ended"
+KILLED, ENDED = "killed", "ended"
 KILLED_WORDS = "ended without a summary (its agents were killed)"
 PROBE_SECONDS = 2.0
 RECORD_MAX = 16 << 20  # bytes of summary.json read to judge it: a running record is far smaller
@@ -43,25 +45,28 @@ def node0_record(host: str, address: str, port: int) -> dict[str, Any]:
     }
 
 
-def state(summary: Mapping[str, Any] | None) -> str:
+def state(summary: Summary | Mapping[str, Any] | None) -> str:
     """ENDED (a summary with its verdict), RUNNING or KILLED, judged from the record of a job
     that is not over yet."""
-    if not isinstance(summary, Mapping) or summary.get("status") != RUNNING:
+    doc = summary if isinstance(summary, Summary) else read_summary(summary)
+    if not doc.running:
         return ENDED
-    return RUNNING if alive(summary.get("node0")) else KILLED
+    return RUNNING if alive(doc.node0) else KILLED
 
 
 def unfinished(log_dir: str) -> tuple[str, str] | None:
     """LOG_DIR's job when its summary.json is still its running record: (RUNNING or KILLED, one
     line that says so, naming the job); None when it has its verdict, or nothing to judge."""
-    summary = _record(os.path.join(log_dir, "summary.json"))
-    judged = state(summary)
-    if summary is None or judged == ENDED:
+    record = _record(LogDir(log_dir).summary)
+    if record is None:
         return None
-    job = summary.get("job") if isinstance(summary.get("job"), Mapping) else {}
-    name = _line(job.get("run_id") or log_dir)
+    summary = read_summary(record)
+    judged = state(summary)
+    if judged == ENDED:
+        return None
+    name = _line(summary.job.run_id or log_dir)
     if judged == RUNNING:
-        node0 = summary.get("node0") or {}
+        node0 = summary.node0 or {}
         agent = _line(f"pid {node0.get('pid')} on {node0.get('host')}")
         return judged, f"job {name} is running (node 0's agent: {agent})"
     return judged, f"job {name} {KILLED_WORDS}"

@@ -1,17 +1,17 @@
 """summary.json → the rows `agent history` keeps (pure: a summary and a clock in, frozen values out).
 
-Everything here reads a summary that anyone may have written: missing or odd fields become None,
-0 or empty, never an exception. A job (or resident run) is one `JobRecord`; each of its attempts
+A summary anyone may have written is read by `summary_doc.read_summary`: missing or odd fields
+become None, 0 or empty, never an exception; here they are cut to what a row holds. A job (or resident run) is one `JobRecord`; each of its attempts
 is an `AttemptRecord`.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from agent.history.summary_doc import Attempt, Seat, Straggler, Summary, read_summary
 from agent.node.failure import words
 from agent.plan.run_id import run_id
 
@@ -58,95 +58,93 @@ class JobRecord:
     stop: str | None = None  # a stop for preemption: its line (agent.run.preemption)
 
 
-def from_summary(summary: Mapping[str, Any], now: float) -> JobRecord:
-    """The history record of one finished job or run; `now` stands in for times the summary
-    lacks (a job that ended before any rank started)."""
-    job = _map(summary.get("job"))
-    attempts = tuple(
-        attempt_record(a, i) for i, a in enumerate(_list(summary.get("attempts"))) if _is_map(a)
-    )
+def from_summary(summary: Summary | Mapping[str, Any], now: float) -> JobRecord:
+    """The history record of one finished job or run (a `Summary`, or summary.json parsed:
+    read by `read_summary`); `now` stands in for times the summary lacks (a job that ended
+    before any rank started)."""
+    doc = summary if isinstance(summary, Summary) else read_summary(summary)
+    job = doc.job
+    attempts = tuple(attempt_record(a) for a in doc.attempts)
     starts = [a.start for a in attempts if a.start is not None]
     ends = [a.end for a in attempts if a.end is not None]
     start = min(starts) if starts else now
     end = max(ends) if ends else now
-    running = summary.get("status") == "running"  # node 0's record from the job's start
-    exit_code = None if running else _int(summary.get("exit_code"), 1)
+    running = doc.running  # node 0's record from the job's start
+    exit_code = None if running else (1 if doc.exit_code is None else doc.exit_code)
     last = attempts[-1] if attempts else None
-    job_id = _text(job.get("id"), 100) or "local"
-    step = _text(job.get("step"), 100)
+    job_id = _text(job.id, 100) or "local"
+    step = _text(job.step, 100)
     return JobRecord(
         # A summary of an older version has no run_id: the id its job and step make.
-        run_id=_text(job.get("run_id"), 300) or run_id(job_id, step),
+        run_id=_text(job.run_id, 300) or run_id(job_id, step),
         job_id=job_id,
         step=step,
-        command=_command(job.get("command")),
+        command=_text(" ".join(job.command), TEXT_CAP),
         start=start,
         end=max(end, start),
-        nodes=last.nodes if last and last.nodes else _int(job.get("nnodes"), 0),
-        ranks=last.ranks if last and last.ranks else _int(job.get("world_size"), 0),
-        spares_used=_spares_used(_list(summary.get("attempts"))),
+        nodes=last.nodes if last and last.nodes else job.nnodes or 0,
+        ranks=last.ranks if last and last.ranks else job.world_size or 0,
+        spares_used=_spares_used(doc.attempts),
         exit_code=exit_code,
         status="running" if running else "succeeded" if exit_code == 0 else "failed",
-        cause=cause_line(summary.get("root_cause")),
+        cause=cause_line(doc.root_cause),
         restarts=max(0, len(attempts) - 1),
-        stragglers=tuple(_straggler(s) for s in _list(summary.get("stragglers"))[:100]),
-        log_dir=_text(job.get("log_dir"), 4096),
+        stragglers=tuple(_straggler(s) for s in doc.stragglers[:100]),
+        log_dir=_text(job.log_dir, 4096),
         attempts=attempts,
-        node0=dict(summary["node0"]) if running and _is_map(summary.get("node0")) else None,
-        max_restarts=_count_or_none(job.get("max_restarts")),
-        max_infra_restarts=_count_or_none(job.get("max_infra_restarts")),
-        stop=_stop(summary.get("preemption")),
+        node0=dict(doc.node0) if running and doc.node0 is not None else None,
+        max_restarts=job.max_restarts,
+        max_infra_restarts=job.max_infra_restarts,
+        stop=_stop(doc.preemption),
     )
 
 
-def _stop(preemption: Any) -> str | None:
-    line = _map(preemption).get("line")
+def _stop(preemption: Mapping[str, Any] | None) -> str | None:
+    line = (preemption or {}).get("line")
     return (_text(line, TEXT_CAP) or None) if isinstance(line, str) else None
 
 
-def attempt_record(attempt: Mapping[str, Any], position: int) -> AttemptRecord:
-    ranks = [r for r in _list(attempt.get("ranks")) if _is_map(r)]
-    starts = [t for t in (_time(r.get("start")) for r in ranks) if t is not None]
-    ends = [t for t in (_time(r.get("end")) for r in ranks) if t is not None]
-    nodes = [n for n in _list(attempt.get("nodes")) if _is_map(n)]
-    ran = {r.get("node_rank") for r in ranks if r.get("state") != "lost"}
-    planned = _planned(nodes)  # a lost node has one row for all its ranks (rank -1)
+def attempt_record(attempt: Attempt) -> AttemptRecord:
+    ranks = attempt.ranks
+    starts = [t for t in (r.started for r in ranks) if t is not None]
+    ends = [t for t in (r.ended for r in ranks) if t is not None]
+    ran = {r.node_rank for r in ranks if r.state != "lost"}
+    planned = _planned(attempt.seating.nodes)  # a lost node has one row for all its ranks (rank -1)
     return AttemptRecord(
-        attempt=_int(attempt.get("attempt"), position),
+        attempt=attempt.attempt,
         start=min(starts) if starts else None,
         end=max(ends) if ends else None,
-        nodes=len(nodes) or len(ran),
-        ranks=sum(planned.values()) or sum(1 for r in ranks if _int(r.get("rank"), -1) >= 0),
+        nodes=len(attempt.seating.nodes) or len(ran),
+        ranks=sum(planned.values()) or sum(1 for r in ranks if r.rank >= 0),
         failed=sum(
-            planned.get(r.get("node_rank"), 1) if _int(r.get("rank"), -1) < 0 else 1
+            planned.get(r.node_rank, 1) if r.rank < 0 else 1
             for r in ranks
-            if r.get("state") not in ("succeeded", "terminated")
+            if r.state not in ("succeeded", "terminated")
         ),
-        spares=tuple(_text(h, 256) for h in _list(attempt.get("spares"))[:1000]),
-        lost_nodes=tuple(_int(n, -1) for n in _list(attempt.get("lost_nodes"))[:1000]),
-        cause=cause_line(attempt.get("root_cause")),
-        failure_class=_failure_class(attempt.get("failure")),
-        held=_held(attempt.get("leftovers")),
+        spares=tuple(_text(h, 256) for h in attempt.seating.spares[:1000]),
+        lost_nodes=attempt.lost_nodes[:1000],
+        cause=cause_line(attempt.root_cause),
+        failure_class=_failure_class(attempt.failure),
+        held=_held(attempt.leftovers),
     )
 
 
-def _planned(nodes: Sequence[Mapping[str, Any]]) -> dict[int, int]:
+def _planned(nodes: Sequence[Seat]) -> dict[int, int]:
     """How many ranks each node of an attempt was to run (its `ranks`: [first, last])."""
     planned = {}
     for node in nodes:
-        first_last = _list(node.get("ranks"))
-        if len(first_last) == 2 and all(_int(n, -1) >= 0 for n in first_last):
-            size = first_last[1] - first_last[0] + 1
-            planned[_int(node.get("node"), -1)] = max(0, min(size, MAX_NODE_RANKS))
+        if node.ranks is not None and min(node.ranks) >= 0:
+            size = node.ranks[1] - node.ranks[0] + 1
+            planned[node.node] = max(0, min(size, MAX_NODE_RANKS))
     return planned
 
 
-def _held(leftovers: Any) -> str | None:
+def _held(leftovers: Sequence[Mapping[str, Any]]) -> str | None:
     """The nodes an attempt left unusable (agent.run.leftovers' reason), one line."""
     lines = [
         f"{_text(n.get('host'), 256)}: {_text(n.get('reason'), 300)}"
-        for n in _list(leftovers)[:100]
-        if _is_map(n) and n.get("unusable")
+        for n in leftovers[:100]
+        if n.get("unusable")
     ]
     return "; ".join(lines)[:TEXT_CAP] or None
 
@@ -158,44 +156,29 @@ def cause_line(cause: Any) -> str | None:
     return None if text is None else _text(text, TEXT_CAP)
 
 
-def _failure_class(failure: Any) -> str | None:
-    value = _map(failure).get("class")
+def _failure_class(failure: Mapping[str, Any] | None) -> str | None:
+    value = (failure or {}).get("class")
     return value if value in ("program", "infrastructure") else None
 
 
-def _count_or_none(value: Any) -> int | None:
-    number = _int(value, -1)
-    return number if number >= 0 else None
-
-
-def _spares_used(attempts: Sequence[Any]) -> tuple[str, ...]:
+def _spares_used(attempts: Sequence[Attempt]) -> tuple[str, ...]:
     """Hosts that first waited as spares and later ran ranks, in the order they were seated."""
     waited: set[str] = set()
     used: list[str] = []
     for attempt in attempts:
-        if not _is_map(attempt):
-            continue
-        for node in _list(attempt.get("nodes")):
-            host = _text(_map(node).get("host"), 256)
+        for node in attempt.seating.nodes:
+            host = _text(node.host, 256)
             if host in waited and host not in used:
                 used.append(host)
-        waited.update(_text(h, 256) for h in _list(attempt.get("spares")))
+        waited.update(_text(h, 256) for h in attempt.seating.spares)
     return tuple(used)
 
 
-def _command(value: Any) -> str:
-    if isinstance(value, list):
-        value = " ".join(str(v) for v in value)
-    return _text(value, TEXT_CAP)
-
-
-def _straggler(value: Any) -> str:
+def _straggler(value: Straggler) -> str:
     """`rank 3 on n1`, or `node 1 (n1)` for a whole node that straggles (it has no rank)."""
-    if not _is_map(value):
-        return _text(value, 256)
-    if value.get("rank") is None:
-        return _text(f"node {value.get('node_rank')} ({value.get('host')})", 256)
-    return _text(f"rank {value.get('rank')} on {value.get('host')}", 256)
+    if value.rank is None:
+        return _text(f"node {value.node_rank} ({value.host})", 256)
+    return _text(f"rank {value.rank} on {value.host}", 256)
 
 
 def _text(value: Any, limit: int) -> str:
@@ -205,25 +188,5 @@ def _text(value: Any, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def _int(value: Any, default: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        return default
-    return value
-
-
-def _time(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return float(value) if math.isfinite(value) and value > 0 else None
-
-
 def _is_map(value: Any) -> bool:
     return isinstance(value, Mapping)
-
-
-def _map(value: Any) -> Mapping[str, Any]:
-    return value if isinstance(value, Mapping) else {}
-
-
-def _list(value: Any) -> list[Any]:
-    return value if isinstance(value, list) else []

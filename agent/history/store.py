@@ -57,6 +57,9 @@ _ADDED = {
     "stop": "TEXT",  # a stop for preemption (agent.run.preemption's line)
 }
 _ADDED_TO_ATTEMPTS = {"failure_class": "TEXT", "held": "TEXT"}  # the same, for `attempts`
+# The database's version (PRAGMA user_version), migrated to at the next append; a reader reads
+# every version. 0: before versions were kept (any _ADDED column may be missing); 1: all above.
+VERSION = 1
 
 
 @dataclass(frozen=True)
@@ -150,13 +153,7 @@ def _append_once(path: Path, record: JobRecord, cap: int, busy: float) -> None:
         if str(current).lower() != mode:
             con.execute(f"PRAGMA journal_mode={mode.upper()}")
         con.execute("BEGIN IMMEDIATE")
-        for statement in _SCHEMA:
-            con.execute(statement)
-        for table, added in (("jobs", _ADDED), ("attempts", _ADDED_TO_ATTEMPTS)):
-            have = _columns(con, table)
-            for column, kind in added.items():
-                if column not in have:
-                    con.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
+        migrate(con)
         (last,) = con.execute(
             "SELECT max(run) FROM jobs WHERE job_id = ? AND typeof(run) = 'integer'",
             (record.job_id,),
@@ -199,6 +196,35 @@ def _append_once(path: Path, record: JobRecord, cap: int, busy: float) -> None:
         raise
     finally:
         con.close()
+
+
+def migrate(con: sqlite3.Connection) -> int:
+    """In the append's transaction: the database brought to VERSION (created, or its missing
+    columns added) and marked so; the version it had. A newer agent's is left as it is."""
+    (version,) = con.execute("PRAGMA user_version").fetchone()
+    if isinstance(version, int) and version >= VERSION:
+        return version
+    for statement in _SCHEMA:
+        con.execute(statement)
+    for table, added in (("jobs", _ADDED), ("attempts", _ADDED_TO_ATTEMPTS)):
+        have = _columns(con, table)
+        for column, kind in added.items():
+            if column not in have:
+                con.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
+    con.execute(f"PRAGMA user_version = {VERSION}")
+    return version
+
+
+def version_of(path: Path) -> int:
+    """The version of the database at `path` (0: none kept, or no database)."""
+    if not path.is_file():
+        return 0
+    con = sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True, timeout=BUSY_TIMEOUT)
+    try:
+        (version,) = con.execute("PRAGMA user_version").fetchone()
+    finally:
+        con.close()
+    return version
 
 
 def _running_row(con: sqlite3.Connection, record: JobRecord) -> tuple[int, int] | None:

@@ -7,12 +7,12 @@ the same roster the roll call starts from: ranks 0..W-1, the spares named as sta
 from __future__ import annotations
 
 import json
-import os
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
+from agent.plan.log_dir import LogDir
 from agent.plan.rank_set import format_ranges
 from agent.plan.roster import Roster
 from agent.plan.run_plan import RunPlan, seat_specs
@@ -22,7 +22,7 @@ from agent.world import World
 def print_plan(
     plan: RunPlan, world: World, environ: Mapping[str, str], read_topology: Callable[[str], Any]
 ) -> int:
-    config_file = os.path.join(plan.log_dir, "resolved-config.agent-NNNNN.json")
+    config_file = LogDir(plan.log_dir).resolved_config(None)
     topology = read_topology(plan.options.sysfs_root)
     out = sys.stdout
     spares = plan.options.spares if world.task is None else 0

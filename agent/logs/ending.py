@@ -19,10 +19,11 @@ from collections.abc import Callable
 
 from agent.logs.hosts import read_where
 from agent.logs.logdir import signature
+from agent.plan.log_dir import RANKS, SUMMARY
 
 _SURVEY = 2.0  # seconds between looks at every file's size while the shown files are quiet
 _CHECK_MAX = 30.0  # the longest gap between two looks at this machine's processes
-_MAPS = ("ranks.json", "summary.json")
+_MAPS = (RANKS, SUMMARY)
 
 
 class Ending:

@@ -27,6 +27,7 @@ from agent.logs.selection import (
     split_lines,
     wanted,
 )
+from agent.plan.log_dir import LogDir
 
 _CHUNK = 1 << 20  # bytes read per file per poll: one chatty rank cannot starve the others
 _STALE = 1.0  # seconds without growth before a partial line is shown
@@ -82,7 +83,7 @@ class Tail:
             return 0
         if not os.path.exists(log_dir):
             print(f"agent logs: waiting for {log_dir} to appear (Ctrl-C to stop)", file=sys.stderr)
-        summary = os.path.join(log_dir, "summary.json")
+        summary = LogDir(log_dir).summary
         before = signature(summary)  # a summary.json from before we started does not count
         ending = Ending(log_dir, self.command.idle_exit)
         running = before is not None and unfinished(log_dir) is not None

@@ -1,4 +1,4 @@
-"""`agent logs LOG_DIR --timeline FILE.svg`: read the log dir, draw (agent.logs.timeline), write."""
+"""`agent logs LOG_DIR --timeline FILE.svg`: read the log dir, draw (agent.logs.timeline, timeline_svg), write."""
 
 from __future__ import annotations
 
@@ -6,15 +6,18 @@ import os
 
 from agent.errors import AgentError
 from agent.history.liveness import unfinished
+from agent.history.summary_doc import read_seatings, read_summary
 from agent.logs.logdir import check_dir, read_json
 from agent.logs.selection import safe_text
-from agent.logs.timeline import layout, svg
+from agent.logs.timeline import layout
+from agent.logs.timeline_svg import svg
+from agent.plan.log_dir import LogDir
 
 
 def write_timeline(log_dir: str, target: str) -> str:
     """Draw the job into `target` (write-then-rename); the line to print. AgentError (2) when
     there is no summary.json to draw or the file cannot be written."""
-    summary = _json(os.path.join(log_dir, "summary.json"))
+    summary = _json(LogDir(log_dir).summary)
     if summary is None:
         check_dir(log_dir)
         raise AgentError(
@@ -22,16 +25,16 @@ def write_timeline(log_dir: str, target: str) -> str:
             "draws a finished job"
         )
     if not isinstance(summary, dict):
-        raise AgentError(f"{os.path.join(log_dir, 'summary.json')} is not a JSON object")
+        raise AgentError(f"{LogDir(log_dir).summary} is not a JSON object")
     judged = unfinished(log_dir)
     if judged is not None:  # its record from the start: no verdict to draw
         raise AgentError(f"{judged[1]}: the timeline draws a job from its summary, at its end")
     try:
-        ranks = _json(os.path.join(log_dir, "ranks.json"))
+        ranks = _json(LogDir(log_dir).ranks)
     except AgentError:
         ranks = None  # only a fallback for the seating of old summaries
-    seatings = ranks.get("attempts") if isinstance(ranks, dict) else None
-    timeline = layout(summary, seatings if isinstance(seatings, list) else ())
+    seatings = read_seatings(ranks.get("attempts") if isinstance(ranks, dict) else None)
+    timeline = layout(read_summary(summary), seatings)
     tmp = f"{target}.tmp-{os.getpid()}"
     try:
         with open(tmp, "w", encoding="utf-8") as f:

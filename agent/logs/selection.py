@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from agent.console.router import PALETTE
+from agent.plan.log_dir import rank_file
 
-RANK_FILE = re.compile(r"rank-(\d+)(?:\.r(\d+))?\.(out|err)")
 STREAMS = {"out": ("out",), "err": ("err",), "both": ("out", "err")}
 _MAX_PARTIAL = 1 << 16  # a line longer than this is shown in pieces
 # Not printed raw when taken from a file as metadata (hosts, summary fields): C0, DEL, C1,
@@ -65,11 +65,10 @@ class LogsCommand:
 
 
 def parse_name(name: str) -> RankFile | None:
-    match = RANK_FILE.fullmatch(name)
-    if match is None:
+    named = rank_file(name)
+    if named is None:
         return None
-    rank, attempt, stream = match.groups()
-    return RankFile(int(rank), int(attempt or 0), stream, name)
+    return RankFile(named.rank, named.attempt, named.stream, name)
 
 
 def latest_attempt(files: Iterable[RankFile]) -> int:

@@ -5,73 +5,74 @@ from __future__ import annotations
 import io
 import os
 import shutil
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any, BinaryIO
 
 from agent.console.rank_table import RankTable
 from agent.errors import AgentError
-from agent.history.liveness import RUNNING, unfinished
+from agent.history.liveness import unfinished
+from agent.history.summary_doc import RUNNING, RankExit, Summary, read_summary
 from agent.logs.logdir import check_dir, read_json
 from agent.logs.selection import LogsCommand, Selection, safe_text, selected
-from agent.plan.ranks import FR_DUMP_PREFIX
-from agent.run.summary import cause_line, straggler_line
+from agent.plan.log_dir import LogDir, is_nccl_trace
+from agent.run.summary import cause_line
 
 
-def summary_view(summary: Mapping[str, Any], selection: Selection) -> list[Any]:
+def summary_view(summary: Summary | Mapping[str, Any], selection: Selection) -> list[Any]:
     """rich renderables: verdict, root cause (with its traceback or stderr), then every rank.
     Every value comes from the file: shown as plain Text (no rich markup), control codes escaped."""
     from rich.panel import Panel
     from rich.text import Text
 
-    attempts = [a for a in _listed(summary.get("attempts")) if isinstance(a, dict)]
-    ok = summary.get("status") == "succeeded"
+    doc = summary if isinstance(summary, Summary) else read_summary(summary)
+    attempts = doc.attempts
+    code = "?" if doc.exit_code is None else doc.exit_code
     head = Text(
-        f"job {safe_text(summary.get('status', '?'))} (exit {safe_text(summary.get('exit_code', '?'))}) "
+        f"job {safe_text(doc.status or '?')} (exit {safe_text(code)}) "
         f"after {len(attempts)} attempt(s)",
-        style="bold green" if ok else "bold red",
+        style="bold green" if doc.status == "succeeded" else "bold red",
     )
     view: list[Any] = [head]
-    cause = summary.get("root_cause")
-    if isinstance(cause, dict):
+    if doc.root_cause is not None:
         view.append(
             Panel(
-                Text(_cause_body(cause)), title="root cause", title_align="left", border_style="red"
+                Text(_cause_body(doc.root_cause)),
+                title="root cause",
+                title_align="left",
+                border_style="red",
             )
         )
     for attempt in attempts[:-1]:
-        earlier = attempt.get("root_cause")
-        if isinstance(earlier, dict):
-            line = f"attempt {safe_text(attempt.get('attempt'))}: {safe_text(cause_line(earlier))}"
+        if attempt.root_cause is not None:
+            line = f"attempt {attempt.attempt}: {safe_text(cause_line(attempt.root_cause))}"
             view.append(Text(line, style="yellow"))
-    for entry in _listed(summary.get("stragglers"))[:20]:
-        if isinstance(entry, dict):
-            view.append(Text(safe_text(straggler_line(entry)), style="yellow"))
-    job = summary.get("job")
-    if isinstance(job, dict):
-        facts = ("id", "step", "source", "nnodes", "world_size", "nproc_per_node", "log_dir")
-        view.append(
-            Text(
-                "  ".join(
-                    f"{k} {safe_text(job[k])}" for k in facts if job.get(k) not in (None, "")
-                ),
-                style="dim",
-            )
-        )
+    for entry in doc.stragglers[:20]:
+        view.append(Text(safe_text(entry.words), style="yellow"))
+    job = doc.job
+    facts = {
+        "id": job.id,
+        "step": job.step,
+        "source": job.source,
+        "nnodes": job.nnodes,
+        "world_size": job.world_size,
+        "nproc_per_node": job.nproc_per_node,
+        "log_dir": job.log_dir,
+    }
+    shown = "  ".join(f"{k} {safe_text(v)}" for k, v in facts.items() if v not in (None, ""))
+    if shown:
+        view.append(Text(shown, style="dim"))
     if attempts:
-        number = attempts[-1].get("attempt", len(attempts) - 1)
+        last = attempts[-1]
         rows = [
-            (_rank_row(rank), _STATE_STYLE.get(str(rank.get("state")), ""))
-            for rank in _shown_ranks(_listed(attempts[-1].get("ranks")), selection)
+            (_rank_row(rank), _STATE_STYLE.get(rank.state, ""))
+            for rank in last.ranks
+            if selected(rank.rank, selection.ranks) and selected(rank.node_rank, selection.nodes)
         ]
-        view.append(RankTable(f"attempt {safe_text(number)}", rows))
+        view.append(RankTable(f"attempt {last.attempt}", rows))
     return view
 
 
 _STATE_STYLE = {"failed": "red", "lost": "red", "terminated": "yellow", "succeeded": "green"}
-
-
-def _listed(value: Any) -> list[Any]:
-    return value if isinstance(value, list) else []
 
 
 def _cause_body(cause: Mapping[str, Any]) -> str:
@@ -80,7 +81,8 @@ def _cause_body(cause: Mapping[str, Any]) -> str:
         lines += ["", "traceback (from TORCHELASTIC_ERROR_FILE):"]
         lines += [_line(x) for x in str(cause["traceback"]).rstrip().splitlines()[-25:]]
     elif cause.get("stderr_tail"):
-        tail = _listed(cause["stderr_tail"]) or [cause["stderr_tail"]]
+        tail = cause["stderr_tail"]
+        tail = tail if isinstance(tail, list) and tail else [tail]
         lines += ["", "last stderr lines:"] + [_line(x) for x in tail[-15:]]
     return "\n".join(lines)
 
@@ -89,36 +91,16 @@ def _line(value: Any) -> str:
     return safe_text(value, limit=1000, tabs=True)
 
 
-def _shown_ranks(ranks: Sequence[Any], selection: Selection) -> list[dict[str, Any]]:
-    return [
-        rank
-        for rank in ranks
-        if isinstance(rank, dict)
-        and selected(rank.get("rank"), selection.ranks)
-        and selected(rank.get("node_rank"), selection.nodes)
-    ]
-
-
-def _rank_row(rank: Mapping[str, Any]) -> tuple[str, ...]:
-    number = rank.get("rank")
-    negative = isinstance(number, (int, float)) and number < 0
+def _rank_row(rank: RankExit) -> tuple[str, ...]:
+    start, end = rank.started, rank.ended
     return (
-        "-" if number is None or negative else safe_text(number),
-        safe_text(rank.get("host", "?")),
-        safe_text(rank.get("node_rank", "?")),
-        safe_text(rank.get("state", "?")),
-        safe_text(rank.get("how", "")),
-        _took(rank.get("start"), rank.get("end")),
+        "-" if rank.rank < 0 else str(rank.rank),
+        safe_text(rank.host or "?"),
+        "?" if rank.node_rank < 0 else str(rank.node_rank),
+        safe_text(rank.state or "?"),
+        safe_text(rank.how or ""),
+        f"{end - start:.1f}" if start is not None and end is not None else "-",
     )
-
-
-def _took(start: Any, end: Any) -> str:
-    if not (isinstance(start, (int, float)) and isinstance(end, (int, float)) and start):
-        return "-"
-    try:
-        return f"{float(end) - float(start):.1f}"
-    except OverflowError:  # an integer beyond any float: not a time
-        return "-"
 
 
 def _not_over(state: str, log_dir: str) -> str:
@@ -137,9 +119,7 @@ def flight_recorder_dumps(log_dir: str, most: int = 1000) -> list[str]:
     """The NCCL flight recorder dumps ranks left in the log dir (named by agent.plan.ranks)."""
     try:
         with os.scandir(log_dir) as entries:
-            names = [
-                e.name for e in entries if e.name.startswith(FR_DUMP_PREFIX + ".") and e.is_file()
-            ]
+            names = [e.name for e in entries if is_nccl_trace(e.name) and e.is_file()]
     except OSError:
         return []
     return sorted(names)[:most]
@@ -148,7 +128,7 @@ def flight_recorder_dumps(log_dir: str, most: int = 1000) -> list[str]:
 def show_summary(command: LogsCommand, out: BinaryIO, colour: bool) -> int:
     from rich.console import Console
 
-    path = os.path.join(command.log_dir, "summary.json")
+    path = LogDir(command.log_dir).summary
     try:
         summary = read_json(path)
     except (OSError, ValueError) as exc:

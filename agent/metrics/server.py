@@ -15,7 +15,6 @@ import contextlib
 import errno
 import ipaddress
 import logging
-import os
 import selectors
 import socket
 import threading
@@ -26,11 +25,11 @@ from dataclasses import dataclass
 from agent.metrics import scrape
 from agent.metrics.recorder import RunMetrics
 from agent.node import hosting
+from agent.plan.log_dir import METRICS, LogDir
 from agent.plan.run_plan import RunPlan
 from agent.world import World
 
 log = logging.getLogger("agent")
-TEXTFILE = "metrics.prom"  # node-exporter's textfile collector reads *.prom
 
 
 def run_metrics(
@@ -73,7 +72,7 @@ def open_server(
         log.warning(
             "metrics: cannot listen on %s port %d (%s); no /metrics for this run (pass another "
             "--metrics-port); %s is still written at its end",
-            where, port, exc.strerror or exc, TEXTFILE,
+            where, port, exc.strerror or exc, METRICS,
         )  # fmt: skip
         return None
     shown = world.master_addr if server.addr in ("0.0.0.0", "::") else server.addr
@@ -100,7 +99,7 @@ def write_textfile(exposition: object, log_dir: str) -> None:
     """LOG_DIR/metrics.prom, written then renamed (a textfile collector never reads half)."""
     from prometheus_client import write_to_textfile
 
-    path = os.path.join(log_dir, TEXTFILE)
+    path = LogDir(log_dir).metrics
     try:
         write_to_textfile(path, exposition)  # type: ignore[arg-type]  # any collect() will do
     except OSError as exc:

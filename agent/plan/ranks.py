@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import functools
-import os
 import shlex
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from agent.errors import AgentError
+from agent.plan.log_dir import LogDir
 from agent.plan.rank_set import RankSet
 
 # agent.pause.hook.HOOK and agent.pause.post_mortem.MODULE, named here as text: what runs inside
@@ -82,12 +82,6 @@ def script_command(
     return (sys.executable, script, *args, *extra), 1
 
 
-def log_paths(log_dir: str, rank: int, attempt: int) -> tuple[str, str, str]:
-    """Flat and greppable: rank-00003.out, and rank-00003.r1.out for restart 1."""
-    stem = os.path.join(log_dir, f"rank-{rank:05d}" + (f".r{attempt}" if attempt else ""))
-    return stem + ".out", stem + ".err", stem + ".error.json"
-
-
 def rank_env(
     launch: Launch,
     rank: int,
@@ -143,9 +137,6 @@ def rank_env(
     return env
 
 
-FR_DUMP_PREFIX = "nccl-trace"  # torch appends the rank: nccl-trace.a0.rank-3
-
-
 FR_BUFFER = "TORCH_FR_BUFFER_SIZE"
 # Entries torch's flight recorder keeps per rank unless the user says otherwise: enough for the
 # last collectives of every group; a dump of 2,000 costs a rank ~0.2 s of CPU when asked (the
@@ -166,9 +157,7 @@ def flight_recorder(
     if "TORCH_NCCL_DUMP_ON_TIMEOUT" not in inherited:
         env["TORCH_NCCL_DUMP_ON_TIMEOUT"] = "1"
     if "TORCH_NCCL_DEBUG_INFO_TEMP_FILE" not in inherited:
-        env["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] = os.path.join(
-            log_dir, f"{FR_DUMP_PREFIX}.a{attempt}.rank-"
-        )
+        env["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] = LogDir(log_dir).nccl_trace_prefix(attempt)
     return env
 
 
@@ -219,7 +208,7 @@ def node_ranks(
     specs = []
     for offset, local_rank in enumerate(local_ranks):
         rank = first_rank + offset
-        out, err, error_file = log_paths(launch.log_dir, rank, launch.attempt)
+        out, err, error_file = LogDir(launch.log_dir).rank_files(rank, launch.attempt)
         placement = placements[offset]
         specs.append(
             RankSpec(

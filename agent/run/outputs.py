@@ -6,7 +6,6 @@ import contextlib
 import json
 import logging
 import os
-import re
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
@@ -15,7 +14,9 @@ from typing import Any
 from agent import history
 from agent.errors import AgentError
 from agent.history import liveness
+from agent.history.summary_doc import read_summary
 from agent.node.failure import Failure
+from agent.plan.log_dir import LogDir, job_files
 from agent.plan.run_id import copied
 from agent.plan.run_plan import RunPlan
 from agent.run.summary import build_summary, job_record, started_summary
@@ -48,19 +49,7 @@ def prepare_log_dir(path: str) -> str:
     return path
 
 
-# What a job writes into its log dir (agent.plan.ranks names the rank files): a directory that
-# holds any of these holds a job already.
-_JOB_FILE = re.compile(
-    r"rank-\d+\..*|agent-\d+\.log|resolved-config\.agent-\d+\.json|ranks\.json|summary\.json"
-    r"|control\.json|stacks-a\d+\.txt|metrics\.prom|nccl-trace\..*|\.summary-reserve"
-)
 CLAIM_TRIES = 1000
-_RESERVE = ".summary-reserve"  # node 0's room for summary.json; created first, it claims the dir
-
-
-def job_files(names: Sequence[str]) -> list[str]:
-    """The names among a directory's entries that a job wrote (pure; sorted)."""
-    return sorted(n for n in names if _JOB_FILE.fullmatch(n))
 
 
 def claim_log_dir(path: str) -> tuple[str, int, str | None]:
@@ -76,7 +65,7 @@ def claim_log_dir(path: str) -> tuple[str, int, str | None]:
             continue  # a job's files already: never written into
         prepare_log_dir(candidate)
         try:
-            reserve = os.path.join(candidate, _RESERVE)
+            reserve = LogDir(candidate).summary_reserve
             fd = os.open(reserve, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         except FileExistsError:
             continue  # another job claimed it a moment ago
@@ -121,7 +110,7 @@ def relaid(plan: RunPlan, first: RunPlan) -> RunPlan:
 
 def write_config(log_dir: str, agent_index: int, config: Mapping[str, Any]) -> str:
     """Each agent writes its own copy (no two nodes write one file on a shared filesystem)."""
-    path = os.path.abspath(os.path.join(log_dir, f"resolved-config.agent-{agent_index:05d}.json"))
+    path = os.path.abspath(LogDir(log_dir).resolved_config(agent_index))
     write_json(path, config, sort_keys=True, indent=1, ensure_ascii=False)
     return path
 
@@ -143,7 +132,7 @@ def write_ranks(
         ]  # fmt: skip
     data = {"ranks": ranks, "attempts": list(seatings)}
     try:
-        write_json(os.path.join(log_dir, "ranks.json"), data, **_layout(len(ranks)))
+        write_json(LogDir(log_dir).ranks, data, **_layout(len(ranks)))
     except OSError as exc:  # `agent logs` then names hosts from the agent logs instead
         log.error("cannot write ranks.json in %s (%s)", log_dir, exc.strerror or exc)
 
@@ -152,7 +141,7 @@ def reserve_space(log_dir: str, size: int = 1 << 20) -> None:
     """Node 0 holds room for summary.json from the start: a log disk that fills up during the
     run must not also lose the verdict (the reserve is freed just before the summary is written)."""
     try:
-        with open(os.path.join(log_dir, _RESERVE), "wb") as f:
+        with open(LogDir(log_dir).summary_reserve, "wb") as f:
             f.write(bytes(size))
     except OSError:
         pass  # already full: the summary will try anyway
@@ -164,7 +153,7 @@ def write_started(plan: RunPlan, world: World, port: int) -> None:
     node rebooted) still leaves one that every reader reports as killed, never as running."""
     node0 = liveness.node0_record(world.host, world.master_addr, port)
     summary = started_summary(job_record(world, plan), node0)
-    path = os.path.join(plan.log_dir, "summary.json")
+    path = LogDir(plan.log_dir).summary
     try:
         write_json(path, summary, indent=1)
     except OSError as exc:
@@ -198,17 +187,18 @@ def write_unfinished(plan: RunPlan, world: World, code: int, cause: Failure) -> 
 def has_verdict(log_dir: str) -> bool:
     """Whether LOG_DIR/summary.json is the job's last word (not its running record)."""
     try:
-        with open(os.path.join(log_dir, "summary.json")) as f:
-            return json.load(f).get("status") != liveness.RUNNING
-    except (OSError, ValueError, AttributeError):
+        with open(LogDir(log_dir).summary) as f:
+            found = json.load(f)
+    except (OSError, ValueError):
         return False
+    return isinstance(found, dict) and not read_summary(found).running
 
 
 def write_summary(log_dir: str, summary: Mapping[str, Any]) -> str | None:
     """summary.json, or None (logged) when the disk refuses even after freeing the reserve."""
-    path = os.path.join(log_dir, "summary.json")
+    path = LogDir(log_dir).summary
     with contextlib.suppress(OSError):
-        os.unlink(os.path.join(log_dir, _RESERVE))
+        os.unlink(LogDir(log_dir).summary_reserve)
     try:
         ranks = sum(len(a.get("ranks") or ()) for a in summary.get("attempts") or ())
         write_json(path, summary, **_layout(ranks))

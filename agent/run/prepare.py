@@ -17,6 +17,7 @@ from agent.node.scope import VALUE_LIMIT, Scope, TooLarge, could_not, refused
 from agent.node.stage import StageFilter
 from agent.plan import checks
 from agent.plan.layout import NodeLayout
+from agent.plan.log_dir import LogDir
 from agent.plan.roster import Roster, seated
 from agent.plan.run_plan import RunPlan, node_layout, rank_specs
 from agent.run import outputs
@@ -136,7 +137,7 @@ def _warn_if_low(log_dir: str) -> None:
 
 
 def _log_to_file(log_dir: str, agent_index: int) -> None:
-    path = os.path.abspath(os.path.join(log_dir, f"agent-{agent_index:05d}.log"))
+    path = os.path.abspath(LogDir(log_dir).agent_log(agent_index))
     for handler in log.handlers:
         if isinstance(handler, logging.FileHandler):
             if handler.baseFilename == path:

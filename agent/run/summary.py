@@ -2,50 +2,12 @@
 
 from __future__ import annotations
 
-import signal
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
 from typing import Any
 
+# The rank exits are summary.json's own records: written here, read back by every reader.
+from agent.history.summary_doc import SCHEMA, RankExit, Straggler, describe, signal_name
 from agent.node.failure import Failure, Kind, words
-
-
-@dataclass(frozen=True)
-class RankExit:
-    """How one rank of one attempt ended. state: succeeded | failed | terminated | lost."""
-
-    rank: int
-    local_rank: int
-    node_rank: int
-    host: str
-    pid: int | None
-    returncode: int | None
-    state: str
-    start: float
-    end: float | None
-    attempt: int
-    binding: str | None = None  # what /proc showed once the rank ran: "cpus 0-15, memory prefer:0"
-
-    def to_json(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["how"] = describe(self.returncode)
-        return data
-
-
-def signal_name(returncode: int | None) -> str | None:
-    if returncode is None or returncode >= 0:
-        return None
-    try:
-        return signal.Signals(-returncode).name
-    except ValueError:
-        return f"signal {-returncode}"
-
-
-def describe(returncode: int | None) -> str:
-    if returncode is None:
-        return "did not exit (agent lost)"
-    name = signal_name(returncode)
-    return f"killed by {name}" if name else f"exit code {returncode}"
 
 
 def rank_failure(
@@ -121,6 +83,7 @@ def started_summary(job: Mapping[str, Any], node0: Mapping[str, Any]) -> dict[st
     """summary.json while the job runs: who runs what, and node 0's agent that will complete it
     (`node0`: a reader tells a running job from a killed one by it, agent.history.liveness)."""
     return {
+        "schema": SCHEMA,
         "job": dict(job),
         "status": "running",
         "exit_code": None,
@@ -143,6 +106,7 @@ def build_summary(
     `excluded`: the nodes taken out of the job, when and why."""
     last = attempts[-1] if attempts else {}
     return {
+        "schema": SCHEMA,
         "job": dict(job),
         "status": "succeeded" if exit_code == 0 else "failed",
         "exit_code": exit_code,
@@ -191,21 +155,8 @@ def excluded_line(exclusion: Mapping[str, Any]) -> str:
 
 
 def straggler_line(entry: Mapping[str, Any]) -> str:
-    """One summary.json `stragglers` entry: shared by the report and `agent logs --summary`."""
-    rank = entry.get("rank")
-    what = (
-        f"node {entry.get('node_rank')} ({entry.get('host')})"
-        if rank is None
-        else f"rank {rank} on {entry.get('host')} (node {entry.get('node_rank')})"
-    )
-    return (
-        f"straggler in attempt {entry.get('attempt')}: {what} at {_secs(entry.get('median'))} "
-        f"s/step, the job's median {_secs(entry.get('job_median'))} s/step"
-    )
-
-
-def _secs(value: Any) -> str:
-    return f"{value:.3g}" if isinstance(value, (int, float)) else str(value)
+    """One summary.json `stragglers` entry, as every reader words it."""
+    return Straggler.from_json(entry).words
 
 
 def cause_line(cause: Mapping[str, Any]) -> str:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agent.launch.cli import Command, add_option_flags, add_script_arguments, parse
+from agent.plan.log_dir import LogDir
 from agent.plan.options import OPTIONS
 from agent.usage import Parser
 
@@ -146,9 +147,7 @@ def _parse_stacks(argv: Sequence[str]) -> ClientCommand:
     parse_rank_set(ns.ranks, "--ranks")  # a bad list is refused here, before any connection
     serve_file = ns.serve
     if ns.log_dir is not None and serve_file is None:
-        import os
-
-        serve_file = os.path.join(ns.log_dir, "control.json")
+        serve_file = LogDir(ns.log_dir).control
     argv_out = ("--native",) if ns.native else ()
     return ClientCommand("stacks", serve_file, (*argv_out, "--ranks", ns.ranks), None, ns.log_dir)
 
@@ -171,7 +170,5 @@ def _parse_top(argv: Sequence[str]) -> ClientCommand:
     ns = parser.parse_args(list(argv))
     serve_file = ns.serve
     if ns.log_dir is not None and serve_file is None:
-        import os
-
-        serve_file = os.path.join(ns.log_dir, "control.json")
+        serve_file = LogDir(ns.log_dir).control
     return ClientCommand("top", serve_file, ("--once",) if ns.once else (), None, ns.log_dir)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import glob
 import os
 import sys
 from collections.abc import Mapping, Sequence
@@ -14,6 +13,7 @@ from agent.history import log_dir_of
 from agent.history.liveness import KILLED, unfinished
 from agent.launch.cli import misplaced_warning
 from agent.plan.client_env import client_env
+from agent.plan.log_dir import LogDir, stacks_attempt
 from agent.serve import client, pdb_terminal
 from agent.serve.cli import parse_client
 from agent.text import printable
@@ -100,7 +100,7 @@ def _attach(
 def not_live(log_dir: str) -> AgentError:
     """`agent stacks LOG_DIR` when no node 0 answers for LOG_DIR: what its files say instead
     (3: no job to ask; 2: LOG_DIR is not a directory)."""
-    summary = os.path.join(log_dir, "summary.json")
+    summary = LogDir(log_dir).summary
     judged = unfinished(log_dir)
     if judged is not None and judged[0] == KILLED:  # the record of its start, never completed
         return AgentError(
@@ -109,7 +109,7 @@ def not_live(log_dir: str) -> AgentError:
             ExitCode.RENDEZVOUS,
         )
     if os.path.isfile(summary) and judged is None:
-        stacks = sorted(glob.glob(os.path.join(glob.escape(log_dir), "stacks-a*.txt")))
+        stacks = sorted(LogDir(log_dir).stacks(n) for n in _stacks_attempts(log_dir))
         saved = f"its stacks at the hang: {', '.join(stacks)}; " if stacks else ""
         return AgentError(
             f"the job of {log_dir} has finished: {saved}its summary: {summary}",
@@ -154,9 +154,10 @@ def newest_job_dir(base: str) -> str | None:
             for n, entry in enumerate(entries):
                 if n >= MAX_LISTED:
                     break
-                for name in ("control.json", "summary.json"):
+                files = LogDir(entry.path)
+                for path in (files.control, files.summary):
                     try:
-                        when = os.stat(os.path.join(entry.path, name)).st_mtime
+                        when = os.stat(path).st_mtime
                     except OSError:
                         continue
                     if best is None or (when, entry.name) > best:
@@ -173,8 +174,17 @@ def killed(log_dir: str) -> bool:
 
 
 def has_verdict(log_dir: str) -> bool:
-    return os.path.isfile(os.path.join(log_dir, "summary.json")) and unfinished(log_dir) is None
+    return os.path.isfile(LogDir(log_dir).summary) and unfinished(log_dir) is None
 
 
 def _control(log_dir: str | None) -> str | None:
-    return None if log_dir is None else os.path.join(log_dir, "control.json")
+    return None if log_dir is None else LogDir(log_dir).control
+
+
+def _stacks_attempts(log_dir: str) -> list[int]:
+    """The attempts whose stacks node 0's hang judge saved in LOG_DIR."""
+    try:
+        names = os.listdir(log_dir)
+    except OSError:
+        return []
+    return sorted(n for n in map(stacks_attempt, names) if n is not None)

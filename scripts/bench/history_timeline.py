@@ -29,7 +29,8 @@ sys.path.insert(0, str(REPO))
 
 from agent.history import store  # noqa: E402
 from agent.history.record import from_summary  # noqa: E402
-from agent.logs.timeline import layout, svg  # noqa: E402
+from agent.logs.timeline import layout  # noqa: E402
+from agent.logs.timeline_svg import svg  # noqa: E402
 
 
 def summary(nodes: int, per_node: int, attempts: int = 2) -> dict[str, Any]:

@@ -302,7 +302,7 @@ def measure(n: int, work: Path, idle_s: float, log) -> dict[str, Any]:
 
 def rank_files(log_dir: Path, ranks: int) -> float:
     """The files 8 ranks per node would have left (tiny: a few lines each), named as the agent
-    names them (agent.plan.ranks.log_paths); returns the seconds it took."""
+    names them (agent.plan.log_dir.LogDir.rank_files); returns the seconds it took."""
     t = time.monotonic()
     for rank in range(ranks):
         for stream in ("out", "err"):
