@@ -98,8 +98,9 @@ def _connect(
     if log_dir is not None:  # LOG_DIR, or the id of its job (agent history's)
         log_dir = log_dir_of(log_dir, environ)
     control = LogDir(log_dir).control if log_dir is not None else None
-    if control is not None and serve is None and (not os.path.isfile(control) or killed(log_dir)):
-        raise not_live(log_dir or "")
+    live = control is None or (os.path.isfile(control) and not killed(log_dir or ""))
+    if log_dir is not None and serve is None and not live:
+        raise not_live(log_dir)
     try:
         target = client.locate(environ, home, serve or control)
     except AgentError as exc:
@@ -127,7 +128,8 @@ def _answer(channel: Channel, key: str) -> Any:
 def _command(channel: Channel, request: dict[str, Any]) -> int:
     channel.send(request)
     reply = pdb_terminal.reply(channel)
-    answers = reply.get("answers") if isinstance(reply.get("answers"), dict) else {}
+    found = reply.get("answers")
+    answers: dict[str, Any] = found if isinstance(found, dict) else {}
     texts = {}
     for key, answer in answers.items():
         process = parse_answer_key(key)

@@ -138,7 +138,7 @@ def _append_at(
 def _busy(exc: sqlite3.OperationalError) -> bool:
     code = getattr(exc, "sqlite_errorcode", None)  # Python 3.11+
     if code is not None:
-        return code & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+        return code & 0xFF in (5, 6)  # SQLITE_BUSY, SQLITE_LOCKED (their names: 3.11+ too)
     return "locked" in str(exc) or "busy" in str(exc)
 
 
@@ -337,7 +337,7 @@ def read(
     try:
         if not con.execute("SELECT 1 FROM sqlite_master WHERE name = 'jobs'").fetchone():
             return []
-        where, args = "", ()
+        where, args = "", ()  # type: tuple[str, tuple[object, ...]]
         if job_id is not None:
             where, args = "WHERE job_id = ?", (job_id,)
             if run is not None:

@@ -93,10 +93,11 @@ def add_option_flags(parser: argparse.ArgumentParser, options: Sequence[Option])
                 help=option.help,
             )
         else:
+            convert: dict[str, Any] = {} if option.kind is str else {"type": option.kind}
             parser.add_argument(
                 flag,
                 dest=option.name,
-                type=option.kind if option.kind is not str else None,
+                **convert,
                 choices=option.choices or None,
                 default=None,
                 help=option.help + default,

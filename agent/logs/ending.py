@@ -56,11 +56,12 @@ class Ending:
             if self.sizes is not None and sizes != self.sizes:
                 self._activity(now)
             self.sizes = sizes
-        if self.idle_exit and now - self.active >= self.idle_exit:
+        active = now if self.active is None else self.active  # never None by now
+        if self.idle_exit and now - active >= self.idle_exit:
             return f"nothing new in {self.log_dir} for {self.idle_exit:g}s (--idle-exit)"
         if now >= self.next_check:
             self._look(now)
-        quiet = now - self.active >= _SURVEY
+        quiet = now - active >= _SURVEY
         if self.missing >= 2 and quiet and (self.seen_writer or self._ran_here(names)):
             return (
                 f"no process on this machine writes to {self.log_dir} any more and there is no "

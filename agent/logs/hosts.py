@@ -66,7 +66,8 @@ def _where_from_entries(entries: Iterable[Any]) -> dict[int, Where]:
         if not isinstance(entry, dict):
             continue
         rank, host, node = entry.get("rank"), entry.get("host"), entry.get("node")
-        if _number(rank) and isinstance(host, str) and 0 < len(host) <= _MAX_HOST:
+        usable = isinstance(host, str) and 0 < len(host) <= _MAX_HOST
+        if isinstance(rank, int) and _number(rank) and isinstance(host, str) and usable:
             where[rank] = Where(host, node if _number(node) else None)
     return where
 

@@ -190,13 +190,14 @@ def layout(
         if cause:
             final = i == len(attempts) - 1 and cause == last_cause
             node, rank = _int(cause.get("node_rank")), _int(cause.get("rank"))
+            at: int | None
             if rank >= 0 and node >= 0:
-                lane: int | None = lane_of(rank, node)
-                lane = lane if lane is not None and 0 <= lane < lanes else None
+                at = lane_of(rank, node)
+                at = at if at is not None and 0 <= at < lanes else None
             else:  # a node's failure, not a rank's: its first lane
-                lane = next(iter(node_lanes(number, node)), None)
+                at = next(iter(node_lanes(number, node)), None)
             when = _time(cause.get("time")) or a_end
-            marks.append(Mark(lane, when, "failure" if final else "cause", words))
+            marks.append(Mark(at, when, "failure" if final else "cause", words))
         for node in attempt.lost_nodes:
             for lane in node_lanes(number, node)[:1]:
                 marks.append(Mark(lane, a_end, "lost", f"node {node} lost"))

@@ -16,12 +16,21 @@ from __future__ import annotations
 
 import enum
 import math
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Any, assert_never
+from typing import Any
+
+if sys.version_info >= (3, 11):
+    from typing import assert_never
+else:  # Python 3.10: what typing.assert_never does
+    from typing import NoReturn
+
+    def assert_never(value: NoReturn) -> NoReturn:
+        raise AssertionError(f"unhandled value: {value!r}")
 
 
-class Kind(enum.StrEnum):
+class Kind(str, enum.Enum):  # enum.StrEnum from Python 3.11 on
     RANK = "rank"  # a rank failed (its exit, stderr tail, traceback)
     LOST = "lost"  # node 0 declared a node lost (its agent stopped answering, or left)
     SIGNAL = "signal"  # an agent received a stop signal (Ctrl-C, scancel)
@@ -34,6 +43,12 @@ class Kind(enum.StrEnum):
     NO_PROGRESS = "no_progress"  # the restart loop guard: two attempts without progress
     SAME_FAILURE = "same_failure"  # the same program failure twice in a row
     CLOSED = "closed"  # not a failure: node 0 closed the phase (every watcher wakes)
+
+    def __str__(self) -> str:  # as StrEnum's: the value, in f-strings too
+        return str(self.value)
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self.value), spec)
 
 
 # Kinds whose record is a guard's: `how` says it all, the attempt's own failure is inside.

@@ -159,6 +159,12 @@ class Store:
         self._workers = server
         return server.port
 
+    def close(self) -> None:
+        """This client's connection, now (torch's own closes when it is collected)."""
+        close = getattr(self._client, "close", None)
+        if close is not None:
+            close()
+
     def close_workers(self) -> None:
         """The ranks' store of the last attempt, closed (its port and threads with it)."""
         self._workers = None  # torch's server stops when its last reference goes

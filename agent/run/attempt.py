@@ -231,7 +231,8 @@ def _forget_dumps(sup: Supervisor) -> None:
     (agent.hang.recorder) end with their ranks."""
     directory = private_dir()
     pids = [worker.proc.pid for worker in getattr(sup, "workers", [])]
-    for pid in pids if directory else ():
-        with contextlib.suppress(OSError):
-            os.unlink(fallback_path(directory, pid))
+    for pid in pids:
+        if directory is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(fallback_path(directory, pid))
     forget(directory, pids)

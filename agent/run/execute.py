@@ -400,14 +400,16 @@ def _result(outcome: Outcome) -> Result:
         warnings=tuple(outcome.warnings),
         failure=outcome.failure,
         progressed=outcome.progressed,
-        leftovers=outcome.leftovers.to_json() if _worth(outcome.leftovers) else None,
+        leftovers=_audit_news(outcome.leftovers),
         step=outcome.step,
     )
 
 
-def _worth(leftovers: Leftovers | None) -> bool:
-    """A node's audit goes into its result when it ended or found something."""
-    return leftovers is not None and bool(leftovers.killed or leftovers.stays)
+def _audit_news(leftovers: Leftovers | None) -> dict[str, Any] | None:
+    """A node's audit, for its result when it ended or found something."""
+    if leftovers is None or not (leftovers.killed or leftovers.stays):
+        return None
+    return leftovers.to_json()
 
 
 # Keys a failure in a run's scope sets, to wake who waits on them: an attempt's (`a<k>`) have

@@ -29,9 +29,9 @@ import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, assert_never
+from typing import Any
 
-from agent.node.failure import Failure, Kind
+from agent.node.failure import Failure, Kind, assert_never
 
 
 class FailureClass(enum.Enum):

@@ -11,9 +11,10 @@ def gpu_faults(pci_ids: Collection[str], nvml: Any = None) -> list[str]:
     """One line per fault on the GPUs with these PCI bus ids (`nvml`: the pynvml module)."""
     if nvml is None:
         try:
-            import pynvml as nvml  # optional: launch-agent[nvml]
+            import pynvml  # optional: launch-agent[nvml]
 
-            nvml.nvmlInit()
+            pynvml.nvmlInit()
+            nvml = pynvml
         except Exception:
             return []
     wanted = {_bus(p) for p in pci_ids}

@@ -43,10 +43,9 @@ class LineupEnd:
         if not isinstance(data, Mapping):
             return None
         code = data.get("code")
-        known = isinstance(code, int) and not isinstance(code, bool)
-        return LineupEnd(
-            code if known else int(ExitCode.RANK_FAILED), Failure.from_json(data.get("cause"))
-        )
+        if not isinstance(code, int) or isinstance(code, bool):
+            code = int(ExitCode.RANK_FAILED)
+        return LineupEnd(code, Failure.from_json(data.get("cause")))
 
 
 @dataclass(frozen=True)

@@ -147,6 +147,8 @@ class PaceJudge:
         paces = []
         for record in self._records():
             node, host = record.get("node_rank"), str(record.get("host"))
+            if not isinstance(node, int):
+                continue  # sealed by an agent, but of no version this one reads
             self._progressed(node, record.get("seq"), record.get("age"), now)
             for rank, median, steps, step in record.get("ranks", []):
                 paces.append(RankPace(rank, node, host, median, steps, step, live(rank)))

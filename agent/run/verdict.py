@@ -64,7 +64,8 @@ def judge(
     ranks = [dict(e) for r in results for e in r.exits]
     lost = [r for r in results if r.lost]
     for r in lost:
-        gone = RankExit(-1, -1, r.node, r.host, None, None, "lost", 0.0, None, attempt)
+        node, host = -1 if r.node is None else r.node, r.host or ""
+        gone = RankExit(-1, -1, node, host, None, None, "lost", 0.0, None, attempt)
         ranks.append(gone.to_json())
     code = _code(cause, ranks, lost, results)
     signalled = any(r.signal for r in results)

@@ -17,6 +17,7 @@ from typing import Any
 import psutil
 
 from agent.console.router import LogRouter, Stream
+from agent.console.stream import StreamState
 from agent.plan.ranks import RankSpec
 
 CHILD_WRAPPER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "child.py")
@@ -34,8 +35,8 @@ class Worker:
     spec: RankSpec
     proc: Any  # subprocess.Popen, or an agent.warm WarmProcess (pid, wait, poll, returncode)
     start: float
-    out: object
-    err: object
+    out: StreamState  # its pipes as the log router reads them
+    err: StreamState
     returncode: int | None = None
     end: float | None = None
     terminated: bool = False  # we signalled it during teardown
@@ -139,6 +140,7 @@ def _fresh(spec: RankSpec, env: Mapping[str, str], cwd: str | None) -> tuple[Any
         start_new_session=True,
         close_fds=True,
     )
+    assert proc.stdout is not None and proc.stderr is not None  # both PIPE
     out, err = os.dup(proc.stdout.fileno()), os.dup(proc.stderr.fileno())
     proc.stdout.close()
     proc.stderr.close()

@@ -100,7 +100,7 @@ def _groups(dist) -> list[dict]:
         entries = _entries_seen[1]
     else:
         entries = {}
-        if any(
+        if dump is not None and any(
             _int(s.get("last_enqueued_collective")) > _int(s.get("last_completed_collective"))
             for s in status.values()
             if isinstance(s, dict)
