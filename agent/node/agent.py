@@ -27,6 +27,7 @@ from agent.node.scope import Scope
 from agent.node.signals import Signals
 from agent.node.store import Endpoint, Store, public_namespace
 from agent.node.trust import JobKeys, mismatch_message
+from agent.plan.option_table import HEARTBEAT_PERIOD
 from agent.world import World, derive_port
 
 log = logging.getLogger("agent")
@@ -130,7 +131,7 @@ class NodeAgent:
         self.met = True
         self.membership.heartbeat(
             self.stop,
-            1.0,
+            HEARTBEAT_PERIOD,
             self.settings.heartbeat_timeout,
             on_lost=lambda why: self.events.put(StoreLost(why)),
             on_silent=self.reporter.peer_silent if self.leader else None,

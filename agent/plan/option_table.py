@@ -6,6 +6,10 @@ from __future__ import annotations
 from agent.plan.option import DAY, Option, number_text  # noqa: F401  (re-exported)
 
 MAX_CONFIG_BYTES = 16 * 1024 * 1024  # --max-config-bytes' default
+# Seconds between two heartbeats of an agent (agent.node.membership: node 0 reads every beat at
+# this pace too). --heartbeat-timeout is at least two of them: a node is declared lost only
+# after a whole beat went by unseen, never between two beats on time.
+HEARTBEAT_PERIOD = 1.0
 
 
 OPTIONS: tuple[Option, ...] = (
@@ -320,9 +324,10 @@ OPTIONS: tuple[Option, ...] = (
         "heartbeat_timeout",
         float,
         6.0,
-        "a node silent this long is declared lost (heartbeats tick every second)",
+        "a node silent this long is declared lost (heartbeats tick every "
+        f"{number_text(HEARTBEAT_PERIOD)} s)",
         in_config=False,
-        low=2,
+        low=2 * HEARTBEAT_PERIOD,
         high=DAY,
     ),
 )
