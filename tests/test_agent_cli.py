@@ -14,8 +14,8 @@ from cluster import CHECK_ARGS, REPO, base_env
 
 from agent.__main__ import SUBCOMMANDS
 from agent.launch.cli import Command, build_parser, misplaced_options, misplaced_warning, own_flags
-from agent.plan.options import OPTIONS
-from agent.serve.cli import run_parser
+from agent.plan.options import OPTIONS, OptionScope
+from agent.serve.cli import parse_serve, run_parser, serve_parser
 
 AGENT_FLAGS = own_flags(build_parser())
 RUN_FLAGS = own_flags(run_parser())
@@ -45,6 +45,22 @@ def test_every_option_of_the_table_is_one_the_warning_knows():
         flag = f"--no-{name}" if option.kind is bool and option.default is True else f"--{name}"
         assert flag in AGENT_FLAGS, flag
     assert {"--dry-run", "--set"} <= AGENT_FLAGS and not {"--help", "--version"} & AGENT_FLAGS
+
+
+def test_serve_and_run_take_the_options_of_their_scope():
+    """The option table says whose an option is: `serve` takes the node's (and BOTH), `run` a
+    run's (and BOTH); a node's option never comes from a config."""
+    serve_flags, run_flags = own_flags(serve_parser()), RUN_FLAGS
+    for option in OPTIONS:
+        name = option.name.replace("_", "-")
+        flag = f"--no-{name}" if option.kind is bool and option.default is True else f"--{name}"
+        assert (flag in serve_flags) == (option.scope is not OptionScope.RUN), flag
+        assert (flag in run_flags) == (option.scope is not OptionScope.NODE), flag
+        assert option.scope is not OptionScope.NODE or not option.in_config, flag
+    assert parse_serve(["--heartbeat-timeout", "3", "--cold"]).options == {
+        "heartbeat_timeout": 3.0,
+        "cold": True,
+    }
 
 
 def _command(*misplaced: str) -> Command:

@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import enum
 import math
 from dataclasses import dataclass
 from typing import Any
 
 DAY = 86400.0
+
+
+class OptionScope(enum.Enum):
+    """Whose value an option is: the node agent's, fixed when it starts, or one run's."""
+
+    RUN = "run"  # one run's: the one-shot command line, `agent run`, the configs
+    NODE = "node"  # fixed when a node's agent starts: `agent serve` takes it, a run cannot
+    BOTH = "both"  # each its own: `serve --cold` starts no warm interpreter, `run --cold` one run
 
 
 @dataclass(frozen=True)
@@ -20,6 +29,7 @@ class Option:
     low: float | None = None  # numbers: the smallest value allowed (always finite)...
     high: float | None = None  # ...and the largest
     above: bool = False  # True: the value must be more than `low`, not equal to it
+    scope: OptionScope = OptionScope.RUN  # a NODE option never comes from a config (in_config)
 
     def range_text(self) -> str:
         """`from 0 to 86400`, `more than 0, at most 604800`: for error messages."""

@@ -3,7 +3,7 @@ the ranges every value is checked against, and the help text."""
 
 from __future__ import annotations
 
-from agent.plan.option import DAY, Option, number_text  # noqa: F401  (re-exported)
+from agent.plan.option import DAY, Option, OptionScope, number_text  # noqa: F401  (re-exported)
 
 MAX_CONFIG_BYTES = 16 * 1024 * 1024  # --max-config-bytes' default
 # Seconds between two heartbeats of an agent (agent.node.membership: node 0 reads every beat at
@@ -251,6 +251,7 @@ OPTIONS: tuple[Option, ...] = (
         bool,
         False,
         "start every rank as a fresh interpreter, never forked from the warm one",
+        scope=OptionScope.BOTH,
     ),
     Option(
         "preload",
@@ -259,6 +260,7 @@ OPTIONS: tuple[Option, ...] = (
         "modules the warm interpreter imports before ranks are forked from it: 'auto' (torch when "
         "it can be imported), 'none', or a list like torch,numpy",
         in_config=False,
+        scope=OptionScope.NODE,
     ),
     Option("live", bool, True, "on a terminal, a live per-rank status table above the log lines"),
     Option(
@@ -274,6 +276,7 @@ OPTIONS: tuple[Option, ...] = (
         "where the world comes from",
         ("auto", "slurm", "slurm-task", "k8s", "mpi", "mpi-task", "explicit", "local"),
         False,
+        scope=OptionScope.NODE,
     ),
     Option(
         "nnodes",
@@ -283,6 +286,7 @@ OPTIONS: tuple[Option, ...] = (
         in_config=False,
         low=1,
         high=1_000_000,
+        scope=OptionScope.NODE,
     ),
     Option(
         "node_rank",
@@ -292,8 +296,16 @@ OPTIONS: tuple[Option, ...] = (
         in_config=False,
         low=0,
         high=999_999,
+        scope=OptionScope.NODE,
     ),
-    Option("master_addr", str, None, "node 0's address (explicit world, OpenMPI)", in_config=False),
+    Option(
+        "master_addr",
+        str,
+        None,
+        "node 0's address (explicit world, OpenMPI)",
+        in_config=False,
+        scope=OptionScope.NODE,
+    ),
     Option(
         "master_port",
         int,
@@ -302,6 +314,7 @@ OPTIONS: tuple[Option, ...] = (
         in_config=False,
         low=1,
         high=65535,
+        scope=OptionScope.NODE,
     ),
     Option(
         "job_id",
@@ -309,6 +322,7 @@ OPTIONS: tuple[Option, ...] = (
         None,
         "this job's identity where the scheduler gives none (explicit, k8s, mpi, local): every agent of the job passes the same; two jobs on one master stay apart (store keys and derived port)",
         in_config=False,
+        scope=OptionScope.NODE,
     ),
     Option(
         "rdzv_timeout",
@@ -319,6 +333,7 @@ OPTIONS: tuple[Option, ...] = (
         low=0,
         high=7 * DAY,
         above=True,
+        scope=OptionScope.NODE,
     ),
     Option(
         "heartbeat_timeout",
@@ -329,5 +344,10 @@ OPTIONS: tuple[Option, ...] = (
         in_config=False,
         low=2 * HEARTBEAT_PERIOD,
         high=DAY,
+        scope=OptionScope.NODE,
     ),
+)
+
+assert all(not o.in_config for o in OPTIONS if o.scope is OptionScope.NODE), (
+    "a node's option comes from its command line, never from a run's configs"
 )

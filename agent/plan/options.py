@@ -13,6 +13,7 @@ from agent.plan.option_table import (  # noqa: F401  (re-exported: the CLI build
     MAX_CONFIG_BYTES,
     OPTIONS,
     Option,
+    OptionScope,
     number_text,
 )
 

@@ -14,23 +14,13 @@ from typing import Any
 
 from agent.launch.cli import Command, add_option_flags, add_script_arguments, parse
 from agent.plan.log_dir import LogDir
-from agent.plan.options import OPTIONS
+from agent.plan.options import OPTIONS, OptionScope
 from agent.usage import Parser
 
-# Options of the resident agents themselves: fixed when they start, not per run.
-SERVE_ONLY = frozenset(
-    {
-        "world",
-        "nnodes",
-        "node_rank",
-        "master_addr",
-        "master_port",
-        "job_id",
-        "rdzv_timeout",
-        "heartbeat_timeout",
-        "preload",
-    }
-)
+# The resident agents' own options (fixed when they start: the option table's NODE scope) and a
+# run's (RUN); BOTH are taken by either.
+SERVE_OPTIONS = tuple(o for o in OPTIONS if o.scope is not OptionScope.RUN)
+RUN_OPTIONS = tuple(o for o in OPTIONS if o.scope is not OptionScope.NODE)
 _CLIENT_HELP = (
     "the connection file of the resident agents (default: SLURM_JOB_ID's, else the only one in "
     "the state dir)"
@@ -69,7 +59,7 @@ def serve_parser() -> Parser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         allow_abbrev=False,
     )
-    add_option_flags(parser, [o for o in OPTIONS if o.name in SERVE_ONLY or o.name == "cold"])
+    add_option_flags(parser, list(SERVE_OPTIONS))
     return parser
 
 
@@ -89,14 +79,14 @@ def run_parser() -> Parser:
         help="open a pdb session with the run's first paused rank at once (breakpoint(), "
         "--pdb), in this terminal; the run's output waits until you detach",
     )
-    add_option_flags(parser, [o for o in OPTIONS if o.name not in SERVE_ONLY])
+    add_option_flags(parser, list(RUN_OPTIONS))
     add_script_arguments(parser)
     return parser
 
 
 def parse_serve(argv: Sequence[str]) -> ServeCommand:
     ns = serve_parser().parse_args(list(argv))
-    names = SERVE_ONLY | {"cold"}
+    names = [o.name for o in SERVE_OPTIONS]
     return ServeCommand({n: getattr(ns, n) for n in names if getattr(ns, n) is not None})
 
 
