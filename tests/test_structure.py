@@ -535,3 +535,52 @@ def test_the_log_dir_names_its_files_once():
     `LogDir`, so no two can disagree on a name."""
     assert LOG_DIR_OWNER in agent_modules()
     assert file_name_literals(agent_modules()) == []
+
+
+# -- scheduler variables ------------------------------------------------------------------
+# A Slurm or OpenMPI variable's name (or a prefix of such names) as a whole string: what a module
+# reads a variable by (env.get, env[...], `in`, a prefix it matches names against). Prose that
+# mentions one (help text, an error line) is no whole name and passes.
+SCHEDULER_NAME = re.compile(r"(SLURM[A-Z]*|OMPI)_[A-Z0-9_]*\*?")
+
+
+def scheduler_names(modules: Mapping[str, tuple[Path, str, ast.Module]]) -> list[str]:
+    """Modules outside agent.world that spell a scheduler variable's name: where the world comes
+    from is world/'s to read; the others get the values (a World, world.shell) passed in.
+    (bootstrap/ is outside agent/: it writes sbatch scripts whose text names them.)"""
+    found = []
+    for name, (_, _, tree) in modules.items():
+        if layer_of(name) == "world":
+            continue
+        found += [
+            f"{name}:{node.lineno} {node.value!r}"
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Constant)
+            and isinstance(node.value, str)
+            and SCHEDULER_NAME.fullmatch(node.value)
+        ]
+    return sorted(found)
+
+
+def test_scheduler_variables_are_read_only_in_world():
+    assert scheduler_names(agent_modules()) == []
+
+
+def test_scheduler_names_finds_a_read_outside_world():
+    def module(source: str) -> tuple[Path, str, ast.Module]:
+        return Path("m"), source, ast.parse(source)
+
+    modules = {
+        "agent.plan.a": module(
+            'x = env.get("SLURM_GPUS_ON_NODE")\ny = "OMPI_COMM_WORLD_RANK" in env'
+        ),
+        "agent.control.b": module('P = ("SLURMD_", "PMI_")\nz = os.environ[f"SLURM_{k}"]'),
+        "agent.serve.c": module('"""From SLURM_JOB_ID."""\nHELP = "default: SLURM_JOB_ID\'s"'),
+        "agent.world.d": module('job = env.get("SLURM_JOB_ID")'),
+    }
+    assert scheduler_names(modules) == [
+        "agent.control.b:1 'SLURMD_'",
+        "agent.control.b:2 'SLURM_'",
+        "agent.plan.a:1 'SLURM_GPUS_ON_NODE'",
+        "agent.plan.a:2 'OMPI_COMM_WORLD_RANK'",
+    ]

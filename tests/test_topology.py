@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from agent.errors import AgentError, ExitCode
-from agent.plan.gpus import count_gpus, parse_visible, select_gpus
+from agent.plan.gpus import gpu_count, parse_visible, select_gpus
 from agent.plan.rank_set import format_ranges
 from agent.plan.topology import (
     Topology,
@@ -213,23 +213,24 @@ def test_uuid_of_a_gpu_sysfs_does_not_list(box: Topology) -> None:
 
 
 @pytest.mark.parametrize(
-    ("env", "count"),
+    ("visible", "slurm_gpus", "count"),
     [
-        ({}, 8),
-        ({"SLURM_GPUS_ON_NODE": "4"}, 4),
-        ({"CUDA_VISIBLE_DEVICES": "2,0", "SLURM_GPUS_ON_NODE": "4"}, 2),
-        ({"CUDA_VISIBLE_DEVICES": ""}, 1),
-        ({"CUDA_VISIBLE_DEVICES": "-1"}, 1),
-        ({"SLURM_GPUS_ON_NODE": "0"}, 1),
-        ({"SLURM_GPUS_ON_NODE": "garbage"}, 8),
+        (None, None, 8),
+        (None, 4, 4),
+        ("2,0", 4, 2),
+        ("", None, 0),
+        ("-1", None, 0),
+        (None, 0, 0),
     ],
 )
-def test_count_gpus(box: Topology, env: dict[str, str], count: int) -> None:
-    assert count_gpus(env, box) == count
+def test_gpu_count(box: Topology, visible: str | None, slurm_gpus: int | None, count: int) -> None:
+    """CUDA_VISIBLE_DEVICES, else Slurm's GPUs on the node (both as the World read them), else
+    sysfs."""
+    assert gpu_count(parse_visible(visible), slurm_gpus, box) == count
 
 
-def test_count_gpus_without_gpus_is_one(tmp_path: Path) -> None:
-    assert count_gpus({}, read_topology(single_node(tmp_path))) == 1
+def test_gpu_count_without_gpus_is_zero(tmp_path: Path) -> None:
+    assert gpu_count(None, None, read_topology(single_node(tmp_path))) == 0
 
 
 def test_this_machine() -> None:

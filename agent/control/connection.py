@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agent.errors import AgentError, ExitCode
+from agent.world.shell import shell_job_id
 from agent.world.state_dir import STATE_ENV, dir_problem, state_dir
 
 if TYPE_CHECKING:  # clients read records without importing the world sources
@@ -126,7 +127,7 @@ def find(environ: Mapping[str, str], home: Path, explicit: str | None) -> Path:
                 ExitCode.RENDEZVOUS,
             )
         return path
-    job_id = environ.get("SLURM_JOB_ID") or environ.get("AGENT_JOB_ID")
+    job_id = shell_job_id(environ)
     if not job_id:
         directory = state_dir(environ, home)
         problem = dir_problem(directory)  # as with a job id: another user could plant the file
@@ -182,7 +183,7 @@ def client_command(environ: Mapping[str, str], home: Path, path: Path) -> str:
     given = environ.get(STATE_ENV)
     base = f"{STATE_ENV}={given} " if given else ""
     base += "python -m agent run|status|down"
-    job_id = environ.get("SLURM_JOB_ID") or environ.get("AGENT_JOB_ID")
+    job_id = shell_job_id(environ)
     if job_id and path.name == f"serve-{job_id}.json":
         return f"`{base}` (inside this allocation; elsewhere add `--serve {path}`)"
     if job_id or files_in(path.parent) != [path]:

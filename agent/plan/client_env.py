@@ -9,15 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from agent.world.shell import SCHEDULER_PREFIXES
+
 NODE_PREFIXES = (
-    "SLURM_",
-    "SLURMD_",
-    "SRUN_",
-    "SALLOC_",
-    "SBATCH_",
-    "PMI_",
-    "PMIX_",
-    "OMPI_",
+    *SCHEDULER_PREFIXES,
     "TORCHELASTIC_",
     "AGENT_",  # the launcher's own: AGENT_SECRET never travels, AGENT_STATE_DIR is the client's
 )

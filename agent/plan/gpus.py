@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 from agent.errors import AgentError
 from agent.plan.topology import Gpu, NvmlLike, Topology, normalize_pci
@@ -10,11 +10,9 @@ from agent.world.env import parse_visible
 
 __all__ = [
     "HIDE_ALL",
-    "count_gpus",
     "gpu_count",
     "parse_visible",
     "select_gpus",
-    "visible_gpu_count",
 ]
 
 HIDE_ALL = ("-1", "NoDevFiles")  # CUDA_VISIBLE_DEVICES values that hide every GPU
@@ -90,15 +88,3 @@ def gpu_count(visible: Sequence[str] | None, slurm_gpus: int | None, topology: T
     if slurm_gpus is not None:
         return slurm_gpus
     return len(topology.gpus)
-
-
-def visible_gpu_count(env: Mapping[str, str], topology: Topology) -> int:
-    """gpu_count straight from an environment (where no World is at hand)."""
-    slurm = env.get("SLURM_GPUS_ON_NODE", "").strip()
-    visible = parse_visible(env.get("CUDA_VISIBLE_DEVICES"))
-    return gpu_count(visible, int(slurm) if slurm.isdigit() else None, topology)
-
-
-def count_gpus(env: Mapping[str, str], topology: Topology) -> int:
-    """Ranks for `--nproc-per-node auto`: the visible GPUs, 1 when there is none (CPU rank)."""
-    return max(visible_gpu_count(env, topology), 1)

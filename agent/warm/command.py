@@ -10,6 +10,8 @@ import shutil
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from agent.world.others import MPI_LOCAL_SIZE
+
 
 @dataclass(frozen=True)
 class WarmCommand:
@@ -90,7 +92,7 @@ IMPORT_SENSITIVE: tuple[str, ...] = (
     "ONEDNN_*",
     "I_MPI_*",
     "MPI_LOCALNRANKS",
-    "OMPI_COMM_WORLD_LOCAL_SIZE",
+    MPI_LOCAL_SIZE,
     "INTEL_LIBITTNOTIFY*",
     "OPENBLAS_*",
     "GOTO_*",

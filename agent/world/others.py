@@ -20,6 +20,7 @@ from agent.world.env import (
 from agent.world.types import Task, World, WorldFlags
 
 _T = TypeVar("_T")
+MPI_LOCAL_SIZE = "OMPI_COMM_WORLD_LOCAL_SIZE"  # ranks of this mpirun on this node
 _MPI_FIX = (
     "mpirun sets OMPI_* for every rank: run the agent under mpirun and keep them as it set them"
 )
@@ -45,7 +46,7 @@ def _mpi_base(env: Mapping[str, str], flags: WorldFlags, hostname: str) -> World
 
 
 def from_mpi(env: Mapping[str, str], flags: WorldFlags, hostname: str) -> World:
-    local_size = opt_int(env, ("OMPI_COMM_WORLD_LOCAL_SIZE",), _MPI_FIX, low=1)
+    local_size = opt_int(env, (MPI_LOCAL_SIZE,), _MPI_FIX, low=1)
     if local_size is not None and local_size.value != 1:
         raise AgentError(f"{local_size}: {_MPI_PER_NODE}")
     return _mpi_base(env, flags, hostname)
@@ -54,7 +55,7 @@ def from_mpi(env: Mapping[str, str], flags: WorldFlags, hostname: str) -> World:
 def from_mpi_task(env: Mapping[str, str], flags: WorldFlags, hostname: str) -> World:
     world = _mpi_base(env, flags, hostname)
     size, rank = Int("OMPI_COMM_WORLD_SIZE", world.nnodes), world.node_rank
-    local_size = need_int(env, ("OMPI_COMM_WORLD_LOCAL_SIZE",), _MPI_FIX, low=1)
+    local_size = need_int(env, (MPI_LOCAL_SIZE,), _MPI_FIX, low=1)
     local_rank = need_int(env, ("OMPI_COMM_WORLD_LOCAL_RANK",), _MPI_FIX)
     below(local_rank, local_size, _MPI_FIX)
     # OMPI_COMM_WORLD_NODE_RANK is a rank among all jobs on the node, not the node's index:
