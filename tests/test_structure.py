@@ -584,3 +584,203 @@ def test_scheduler_names_finds_a_read_outside_world():
         "agent.plan.a:1 'SLURM_GPUS_ON_NODE'",
         "agent.plan.a:2 'OMPI_COMM_WORLD_RANK'",
     ]
+
+
+# -- the control plane's seam -------------------------------------------------------------
+SEAT_PROTOCOLS = ("RunSeat", "ControlSeat", "Joining")  # agent.node.seat, agent.node.control_seat
+SEAT_MODULES = ("agent.node.seat", "agent.node.control_seat")
+# What a joined node holds beyond its seat: never imported by serve/ or control/.
+NODE_INSIDES = frozenset(
+    {
+        "agent.node.agent",
+        "agent.node.joined",
+        "agent.node.membership",
+        "agent.node.reporter",
+        "agent.node.store",
+    }
+)
+
+
+def _seat_of(annotation: ast.expr | None) -> str | None:
+    """The seat Protocol an annotation names (`ControlSeat` or "ControlSeat"), else None."""
+    if isinstance(annotation, ast.Name):
+        name = annotation.id
+    elif isinstance(annotation, ast.Constant) and isinstance(annotation.value, str):
+        name = annotation.value
+    else:
+        return None
+    return name if name in SEAT_PROTOCOLS else None
+
+
+def seat_members(
+    modules: Mapping[str, tuple[Path, str, ast.Module]],
+) -> dict[str, dict[str, str | None]]:
+    """Each seat Protocol's members, inherited ones included → the seat a member yields (a
+    method returning one, `Joining.connect`), else None."""
+    own: dict[str, tuple[list[str], dict[str, str | None]]] = {}
+    for module in SEAT_MODULES:
+        for node in modules[module][2].body:
+            if isinstance(node, ast.ClassDef) and node.name in SEAT_PROTOCOLS:
+                members: dict[str, str | None] = {}
+                for item in node.body:
+                    if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name):
+                        members[item.target.id] = _seat_of(item.annotation)
+                    elif isinstance(item, ast.FunctionDef):
+                        members[item.name] = _seat_of(item.returns)
+                bases = [b.id for b in node.bases if isinstance(b, ast.Name)]
+                own[node.name] = ([b for b in bases if b in SEAT_PROTOCOLS], members)
+
+    def every(name: str) -> dict[str, str | None]:
+        bases, members = own[name]
+        found: dict[str, str | None] = {}
+        for base in bases:
+            found |= every(base)
+        return found | members
+
+    return {name: every(name) for name in own}
+
+
+def _pairs(node: ast.Assign) -> list[tuple[ast.expr, ast.expr]]:
+    """(target, value) of an assignment, `a, b = x, y` taken pairwise."""
+    found = []
+    for target in node.targets:
+        if isinstance(target, ast.Tuple) and isinstance(node.value, ast.Tuple):
+            found += list(zip(target.elts, node.value.elts, strict=False))
+        else:
+            found.append((target, node.value))
+    return found
+
+
+def seat_reaches(
+    tree: ast.Module, name: str, members: Mapping[str, Mapping[str, str | None]]
+) -> tuple[list[str], int]:
+    """Attributes a module reads on its node's seat that the seat's Protocol does not declare,
+    and how many it reads in all. A seat is a parameter or variable annotated with a seat
+    Protocol, a variable a seat's method returned (`seat = agent.connect()`), or an object's
+    attribute one was stored in (`self.seat = seat`: then `<anything>.seat.<attr>`)."""
+    held: dict[str, str] = {}  # attribute names seats are kept under → their Protocol
+    bound_in: list[tuple[ast.AST, dict[str, str]]] = []
+    for function in ast.walk(tree):
+        if not isinstance(function, ast.FunctionDef | ast.AsyncFunctionDef):
+            continue
+        args = function.args
+        bound = {
+            a.arg: seat
+            for a in [*args.posonlyargs, *args.args, *args.kwonlyargs]
+            if (seat := _seat_of(a.annotation)) is not None
+        }
+        for _ in range(2):  # a variable bound from another, once more
+            for node in ast.walk(function):
+                if (
+                    isinstance(node, ast.AnnAssign)
+                    and isinstance(node.target, ast.Name)
+                    and (seat := _seat_of(node.annotation)) is not None
+                ):
+                    bound[node.target.id] = seat
+                if not isinstance(node, ast.Assign):
+                    continue
+                for target, value in _pairs(node):
+                    call = value.func if isinstance(value, ast.Call) else None
+                    if (
+                        isinstance(target, ast.Name)
+                        and isinstance(call, ast.Attribute)
+                        and isinstance(call.value, ast.Name)
+                        and call.value.id in bound
+                        and (seat := members[bound[call.value.id]].get(call.attr)) is not None
+                    ):
+                        bound[target.id] = seat
+                    if (
+                        isinstance(target, ast.Attribute)
+                        and isinstance(value, ast.Name)
+                        and value.id in bound
+                    ):
+                        held[target.attr] = bound[value.id]
+        bound_in.append((function, bound))
+    wrong, reads = [], 0
+
+    def check(node: ast.Attribute, seat: str) -> None:
+        nonlocal reads
+        reads += 1
+        if node.attr not in members[seat]:
+            wrong.append(f"{name}:{node.lineno} .{node.attr} ({seat} declares no such member)")
+
+    for function, bound in bound_in:
+        for node in ast.walk(function):
+            if (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.value, ast.Name)
+                and node.value.id in bound
+            ):
+                check(node, bound[node.value.id])
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Attribute)
+            and node.value.attr in held
+        ):
+            check(node, held[node.value.attr])
+    return sorted(set(wrong)), reads
+
+
+def _reaches_node(module: str) -> bool:
+    return module.startswith(("agent.serve", "agent.control"))
+
+
+def test_serve_and_control_reach_their_node_only_through_its_seat():
+    """agent.serve and agent.control hold their node as a seat (agent.node.control_seat: the
+    Protocols `Joining` and `ControlSeat`), import none of what a joined node holds, and read
+    no attribute of it that the Protocol does not declare."""
+    graph, _ = import_graph()
+    inside = sorted(
+        f"{m} -> {t}" for m, ts in graph.items() if _reaches_node(m) for t in ts & NODE_INSIDES
+    )
+    assert inside == []
+    members = seat_members(agent_modules())
+    assert {"client_key", "node_scope", "publish_endpoint", "scope", "lost"} <= set(
+        members["ControlSeat"]
+    )
+    wrong, reads = [], 0
+    for name, (_, _, tree) in agent_modules().items():
+        if _reaches_node(name):
+            found, count = seat_reaches(tree, name, members)
+            wrong, reads = wrong + found, reads + count
+    assert wrong == []
+    assert reads >= 30, f"only {reads} reads of a seat found: is the check still looking?"
+
+
+SEAT_SOURCE = """
+def serve(agent: Joining, other: "ControlSeat") -> None:
+    seat = agent.connect()
+    seat.meet()
+    seat.membership.scope.put("x", {})
+    agent.meet()
+    other.keys.client_key
+    runner = Runner(seat)
+    runner.seat.reporter
+    agent.farewell(None, "why")
+
+class Runner:
+    def __init__(self, seat: ControlSeat) -> None:
+        self.seat, self.other = seat, 1
+
+    def run(self) -> None:
+        self.seat.store.wait([], 1.0)
+        self.seat.idle()
+        self.other.store
+"""
+
+
+def test_seat_reaches_finds_what_the_protocol_does_not_declare():
+    members = {
+        "Joining": {"connect": "ControlSeat", "farewell": None},
+        "ControlSeat": {"meet": None, "idle": None, "scope": None},
+    }
+    wrong, reads = seat_reaches(ast.parse(SEAT_SOURCE), "m", members)
+    assert [w.split(" (")[0] for w in wrong] == [
+        "m:17 .store",
+        "m:5 .membership",
+        "m:6 .meet",
+        "m:7 .keys",
+        "m:9 .reporter",
+    ]
+    assert reads == 9

@@ -30,11 +30,10 @@ from typing import Any
 
 from agent.control import wire
 from agent.errors import AgentError
-from agent.node.agent import NodeAgent
+from agent.node.control_seat import ControlSeat
 
 log = logging.getLogger("agent")
 OP = "lifeline"
-ENDPOINT = "endpoint"  # the membership's record of node 0's endpoint port
 CONNECT_TIMEOUT = 10.0  # one handshake
 RETRY_FOR = 60.0  # node 0 may be crowded by thousands of agents' handshakes at once
 LOST = "lost: its agent stopped answering (its connection to node 0 closed: the process died)"
@@ -213,30 +212,27 @@ def _bye(channel: wire.Channel) -> None:
     channel.close()
 
 
-def watch(agent: NodeAgent) -> Lifelines | None:
+def watch(seat: ControlSeat) -> Lifelines | None:
     """Node 0: the lifelines of its peers, each one's end without a goodbye a loss at once
     (None: an agent alone)."""
-    reporter = agent.reporter
-    assert reporter is not None
-    if agent.world.agents == 1:
+    if seat.world.agents == 1:
         return None
-    return Lifelines(agent.world.agents, reporter.peer_silent).start()
+    return Lifelines(seat.world.agents, seat.peer_lost).start()
 
 
-def publish(agent: NodeAgent, port: int) -> None:
-    """Node 0: where the peers find its endpoint (a sealed record in the membership's scope)."""
-    if agent.world.agents > 1:
-        agent.membership.scope.put(ENDPOINT, {"port": port})
+def publish(seat: ControlSeat, port: int) -> None:
+    """Node 0: where the peers find its endpoint (a sealed record of the node's own)."""
+    if seat.world.agents > 1:
+        seat.publish_endpoint(port)
 
 
-def hold(agent: NodeAgent) -> Lifeline | None:
+def hold(seat: ControlSeat) -> Lifeline | None:
     """Any other agent, once node 0 has published its endpoint: this agent's lifeline."""
-    if agent.leader or agent.store is None:
+    if seat.leader:
         return None
-    record = agent.membership.scope.get_if(ENDPOINT, "node 0's endpoint")
-    port = record.get("port") if record else None
-    if isinstance(port, bool) or not isinstance(port, int):
+    port = seat.endpoint_port()
+    if port is None:
         log.warning("node 0 published no endpoint: it learns of this agent's death by heartbeat")
         return None
-    w = agent.world
-    return Lifeline(w.master_addr, port, agent.keys.client_key, w.agent_index)
+    w = seat.world
+    return Lifeline(w.master_addr, port, seat.client_key, w.agent_index)

@@ -17,7 +17,7 @@ from agent.control.stacks_service import open_control
 from agent.errors import AgentError, PeerFailed
 from agent.launch.cli import Command, misplaced_warning
 from agent.launch.node_start import node_agent, node_world, topology_at
-from agent.node.agent import lost_store_error
+from agent.node.events import lost_store_error
 from agent.node.failure import Failure, Kind
 from agent.node.signals import Interrupted
 from agent.plan.run_plan import Request, RunPlan, decide
@@ -45,14 +45,14 @@ def launch(command: Command, environ: Mapping[str, str]) -> int:
 
         return print_plan(decide(request, world, topology), world, environ, topology)
     agent = node_agent(world, options, environ)
-    session = Session(agent)  # join, execute one run in it, leave
     plan = None
     control: tuple[Any, str | None] = (None, None)
     line: Lifeline | None = None
     warm = WarmSource(() if options.cold else preload_modules(options.preload), resident=False)
     try:
-        agent.connect()
-        if agent.leader:
+        node = agent.connect()
+        session = Session(node)  # join, execute one run in it, leave
+        if node.leader:
             plan, note = outputs.claim(decide(request, world, topology))
             if note is not None:
                 print(
@@ -60,15 +60,15 @@ def launch(command: Command, environ: Mapping[str, str]) -> int:
                 )
             _previous_stop(plan)
             session.offer(0, plan)
-            lines = lifeline.watch(agent)  # the peers' lifelines: a dead one is lost at once
-            control = open_control(session, agent.keys.client_key, world, plan.log_dir, lines)
-            lifeline.publish(agent, control[0].port)
+            lines = lifeline.watch(node)  # the peers' lifelines: a dead one is lost at once
+            control = open_control(session, node.client_key, world, plan.log_dir, lines)
+            lifeline.publish(node, control[0].port)
             outputs.write_started(plan, world, control[0].port)  # the job's record from now on
-        agent.meet()
-        line = lifeline.hold(agent)  # node 0 hears of this agent's death at once
+        node.meet()
+        line = lifeline.hold(node)  # node 0 hears of this agent's death at once
         replan = _replanner(request, world, plan) if plan is not None else None
         code = session.execute(0, plan, RunTools(topology, warm, replan=replan))
-        agent.leave()
+        node.leave()
         return code
     except Interrupted as exc:
         name = signal.Signals(exc.signum).name

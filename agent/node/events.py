@@ -7,6 +7,7 @@ import queue
 from dataclasses import dataclass
 from typing import Any
 
+from agent.errors import AgentError, ExitCode
 from agent.node.failure import Failure
 from agent.node.stage import Stage
 
@@ -30,3 +31,10 @@ def drained(events: Any) -> list[Any]:
             found.append(events.get_nowait())
         except queue.Empty:
             return found
+
+
+def lost_store_error(exc: BaseException) -> AgentError:
+    """The error an agent ends with when the store's connection broke (node 0 went away)."""
+    lines = str(exc).strip().splitlines()
+    first = lines[0] if lines else type(exc).__name__
+    return AgentError(f"lost the job store: {first}", ExitCode.RENDEZVOUS)

@@ -1,10 +1,12 @@
 """What a run needs from its node's membership — the one seam between the two lifetimes.
 
-A node agent (agent.node.agent.NodeAgent) lives for the allocation step: it joins, heartbeats and
+A node agent (agent.node.agent.NodeAgent) lives for the allocation step: it joins (`connect`
+returns the joined node, agent.node.joined.JoinedNode, which implements this), heartbeats and
 leaves. A run (agent.run) lives for one script's attempts and asks its node only for what is
 below: where its keys are, where a failure goes, who is lost, the hosts, and the queue its
 supervisor reads. Nothing of a run is stored on the agent, and nothing of the agent beyond this
-is reached from a run.
+is reached from a run. (The control plane and the resident agents ask a little more:
+agent.node.control_seat.ControlSeat.)
 """
 
 from __future__ import annotations

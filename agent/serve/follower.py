@@ -12,7 +12,7 @@ from typing import Any
 
 from agent.control import lifeline, wire
 from agent.errors import AgentError, ExitCode, PeerFailed
-from agent.node.agent import NodeAgent
+from agent.node.control_seat import ControlSeat
 from agent.node.events import StoreLost, drained
 from agent.node.failure import Kind
 from agent.node.scope import Scope
@@ -26,27 +26,27 @@ from agent.serve.relay import ChannelOut, forward_logs
 log = logging.getLogger("agent")
 
 
-def follow(agent: NodeAgent, warm: WarmSource, read_topology: Callable[[str], Any]) -> int:
-    feed = _open_feed(agent)
-    line = lifeline.hold(agent)  # node 0's endpoint is known now: hear of our death at once
+def follow(seat: ControlSeat, warm: WarmSource, read_topology: Callable[[str], Any]) -> int:
+    feed = _open_feed(seat)
+    line = lifeline.hold(seat)  # node 0's endpoint is known now: hear of our death at once
     try:
-        return _follow(agent, warm, read_topology, feed)
+        return _follow(seat, warm, read_topology, feed)
     finally:
         if line is not None:
             line.goodbye()  # leaving in order, or told already (farewell): no loss
 
 
 def _follow(
-    agent: NodeAgent,
+    seat: ControlSeat,
     warm: WarmSource,
     read_topology: Callable[[str], Any],
     feed: wire.Channel | None,
 ) -> int:
-    session = Session(agent)  # the runs of this resident agent
+    session = Session(seat)  # the runs of this resident agent
     number = 0
     while True:
-        scope = agent.scope(Stage(number).scope(), wakes=("plan", "done"))
-        _await(agent, scope)
+        scope = seat.scope(Stage(number).scope(), wakes=("plan", "done"))
+        _await(seat, scope)
         failure = scope.failure()
         if failure is not None and failure.kind is Kind.DOWN:
             log.info("node 0 stopped serving: %s", failure.how)
@@ -54,37 +54,36 @@ def _follow(
         from agent.console.view import Sinks
 
         sinks = Sinks(ChannelOut(feed, 1, number), ChannelOut(feed, 2, number))
-        with forward_logs(feed, agent.world.host, logging.WARNING, number):
+        with forward_logs(feed, seat.world.host, logging.WARNING, number):
             try:
                 session.execute(number, None, RunTools(read_topology, warm, sinks))
             except PeerFailed as exc:
                 log.warning("run %d ended: %s", number, exc.message)
             except AgentError as exc:  # ours (a missing script here, say): all must hear of it
                 log.error("run %d: %s", number, exc.message)
-                agent.tell(exc)
-        if agent.signals.received is not None:
-            raise Interrupted(agent.signals.received)
-        agent.phase = None  # between runs our own trouble is a departure, not a run's failure
+                seat.tell(exc)
+        if seat.signals.received is not None:
+            raise Interrupted(seat.signals.received)
+        seat.idle()  # between runs our own trouble is a departure, not a run's failure
         number += 1
 
 
-def _await(agent: NodeAgent, scope: Scope) -> None:
+def _await(seat: ControlSeat, scope: Scope) -> None:
     key = scope.key("plan")
     while not scope.store.wait([key], 1.0):
-        for event in drained(agent.events):
+        for event in drained(seat.events):
             if isinstance(event, StoreLost):
                 raise AgentError(f"{event.why}: node 0's agent is gone", ExitCode.RENDEZVOUS)
 
 
-def _open_feed(agent: NodeAgent) -> wire.Channel | None:
+def _open_feed(seat: ControlSeat) -> wire.Channel | None:
     """One channel to node 0 for this node's console lines, for every run."""
-    w = agent.world
-    m = agent.membership.scope
+    w = seat.world
     try:
-        if not m.store.wait([m.key("endpoint")], agent.settings.rdzv_timeout):
+        port = seat.endpoint_port(seat.rdzv_timeout)
+        if port is None:
             raise TimeoutError("node 0 never published its endpoint")
-        port = int(m.get(lifeline.ENDPOINT, "node 0's endpoint")["port"])
-        channel = wire.connect_retrying(w.master_addr, port, agent.keys.client_key, 10.0)
+        channel = wire.connect_retrying(w.master_addr, port, seat.client_key, 10.0)
         channel.send({"op": "feed", "node": w.agent_index})
         return channel
     except (AgentError, OSError, ValueError, KeyError, TypeError) as exc:

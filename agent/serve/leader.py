@@ -21,7 +21,7 @@ from agent.control import wire
 from agent.control.debug_service import DebugService
 from agent.control.stacks_service import stacks_reply
 from agent.control.top_service import TopService
-from agent.node.agent import NodeAgent
+from agent.node.control_seat import ControlSeat
 from agent.node.signals import Signalled
 from agent.serve.runner import RunRunner
 
@@ -40,8 +40,8 @@ class Active:
 
 
 class Leader:
-    def __init__(self, agent: NodeAgent, runner: RunRunner, warm_of: Callable[[], list]) -> None:
-        self.agent, self.runner = agent, runner
+    def __init__(self, seat: ControlSeat, runner: RunRunner, warm_of: Callable[[], list]) -> None:
+        self.seat, self.runner = seat, runner
         self._warm_of = warm_of  # every node's warm status, for `status`
         self._lock = threading.Lock()
         self.active: Active | None = None
@@ -56,7 +56,7 @@ class Leader:
     def loop(self) -> wire.Channel:
         """Runs until `agent down`; returns the channel of the client that asked."""
         while True:
-            self.agent.phase = None  # idle: a lost peer is noted (out of later runs), not a failure
+            self.seat.idle()  # a lost peer is noted (out of later runs), not a failure
             try:
                 kind, channel, message = self.requests.get(timeout=1.0)
             except queue.Empty:
@@ -143,7 +143,7 @@ class Leader:
         with self._lock:  # the run it stops is named: a late one never reaches the next run
             active = self.active if self.active and self.active.channel is channel else None
             if active is not None:
-                self.agent.events.put(Signalled(signum, how, active.run))
+                self.seat.events.put(Signalled(signum, how, active.run))
         if active is not None:
             log.warning("stopping run %d: %s", active.run, how)
 
@@ -152,7 +152,7 @@ class Leader:
             self.down = channel
             running = self.active is not None
         if running:
-            self.agent.events.put(Signalled(signal.SIGTERM, "stopped by `agent down`"))
+            self.seat.events.put(Signalled(signal.SIGTERM, "stopped by `agent down`"))
         self.requests.put(("down", channel, {}))
         # The main thread answers once every agent is gone; keep the connection open till then.
         self.answered.wait(120.0)
@@ -174,15 +174,15 @@ class Leader:
                 _send(active.channel, {"log": message["log"]})
 
     def status(self) -> dict[str, Any]:
-        agent, world = self.agent, self.agent.world
-        lost = agent.reporter.lost_peers if agent.reporter else set()
+        seat, world = self.seat, self.seat.world
+        lost = seat.lost()
         with self._lock:
             active = self.active
         warm = self._warm_of()
         nodes = [
             {
                 "index": i,
-                "host": world.hosts[i] if i < len(world.hosts) else agent.names[i],
+                "host": world.hosts[i] if i < len(world.hosts) else seat.names[i],
                 "state": "lost" if i in lost else "running" if active else "ready",
                 **(warm[i] if i < len(warm) and warm[i] else {"warm": False, "preload": []}),
             }

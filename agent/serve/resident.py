@@ -1,6 +1,7 @@
 """`python -m agent serve`: join once, then execute runs from clients until `agent down`.
 
-Every node: world → NodeAgent (connect, meet, heartbeats) → a warm interpreter → node 0 leads
+Every node: world → its agent joins (connect, meet, heartbeats; the node is reached through its
+seat, agent.node.control_seat) → a warm interpreter → node 0 leads
 (endpoint, connection file, runs), the others follow. Whatever ends an agent — `down`, a signal,
 node 0's loss — ends the others too, and leaves no process behind (ranks and warm interpreters
 die with their agent: PDEATHSIG).
@@ -23,7 +24,8 @@ from agent.errors import AgentError
 from agent.hang.fallback import private_dir
 from agent.hang.recorder import with_probe
 from agent.launch.node_start import node_agent, node_world, topology_at
-from agent.node.agent import NodeAgent, lost_store_error
+from agent.node.control_seat import ControlSeat, Joining
+from agent.node.events import lost_store_error
 from agent.node.failure import Failure, Kind
 from agent.node.signals import Interrupted
 from agent.node.stage import Stage
@@ -41,31 +43,31 @@ def serve(command: ServeCommand, environ: Mapping[str, str]) -> int:
     world, options, environ = node_world(command.options, environ)
     # The zygote shares the ranks' path: the flight-recorder probe's directory first on it.
     environ = with_probe(environ, private_dir() if options.flight_recorder else None)
-    agent = node_agent(world, options, environ)
+    agent: Joining = node_agent(world, options, environ)
     warm = WarmSource(() if options.cold else preload_modules(options.preload), resident=True)
     topology = topology_at
 
     leader = None
-    if agent.leader:
-        leader = Leader(agent, RunRunner(agent, warm, topology), _warm_reader(agent))
     try:
-        agent.connect()
-        agent.meet()
+        seat = agent.connect()
+        seat.meet()
+        if seat.leader:
+            leader = Leader(seat, RunRunner(seat, warm, topology), _warm_reader(seat))
         warm.ensure(environ)
-        _announce_warm(agent, warm)
+        _announce_warm(seat, warm)
         if leader is not None:
-            code = _lead(agent, leader, warm, environ)
+            code = _lead(seat, leader, warm, environ)
         else:
-            code = follow(agent, warm, topology)
-        agent.leave()
+            code = follow(seat, warm, topology)
+        seat.leave()
         return code
     except Interrupted as exc:
         name = signal.Signals(exc.signum).name
-        _stop_everyone(agent, leader, f"{world.host}'s agent received {name}")
+        _stop_everyone(leader, f"{world.host}'s agent received {name}")
         agent.farewell(None, f"agent received {name}")
         return 128 + exc.signum
     except AgentError as exc:
-        _stop_everyone(agent, leader, exc.message)
+        _stop_everyone(leader, exc.message)
         agent.farewell(None, exc.message)
         raise
     except (RuntimeError, OSError) as exc:  # torch's DistNetworkError & co: node 0 went away
@@ -75,24 +77,23 @@ def serve(command: ServeCommand, environ: Mapping[str, str]) -> int:
         agent.close()
 
 
-def _lead(agent: NodeAgent, leader: Leader, warm: WarmSource, environ: dict[str, str]) -> int:
-    endpoint = Endpoint(agent.keys.client_key, leader, lifeline.watch(agent))
+def _lead(seat: ControlSeat, leader: Leader, warm: WarmSource, environ: dict[str, str]) -> int:
+    endpoint = Endpoint(seat.client_key, leader, lifeline.watch(seat))
     endpoint.start()
     leader.runner.port = endpoint.port
-    lifeline.publish(agent, endpoint.port)
-    w = agent.world
+    lifeline.publish(seat, endpoint.port)
+    w = seat.world
     path = connection.path_for(environ, Path.home(), w.job_id or "local")
     connection.write(path, connection.record_for(w, endpoint.port))
     clients = connection.client_command(environ, Path.home(), path)
     log.info("serving %d node(s); clients: %s", w.agents, clients)
     try:
         client = leader.loop()
-        _stop_everyone(agent, leader, "stopped by `agent down`")
-        agent.leave()
+        _stop_everyone(leader, "stopped by `agent down`")
+        seat.leave()
         warm.close()
         try:
-            lost = agent.reporter.lost_peers if agent.reporter else set()
-            client.send({"down": {"agents": w.agents - len(lost)}})
+            client.send({"down": {"agents": w.agents - len(seat.lost())}})
         finally:
             leader.answered.set()
         return 0
@@ -101,31 +102,32 @@ def _lead(agent: NodeAgent, leader: Leader, warm: WarmSource, environ: dict[str,
         endpoint.close()
 
 
-def _stop_everyone(agent: NodeAgent, leader: Leader | None, how: str) -> None:
-    """Node 0: wake every waiting agent with a `down` record in the next run's scope."""
-    if leader is None or agent.store is None or not agent.met:
+def _stop_everyone(leader: Leader | None, how: str) -> None:
+    """Node 0, past the join: wake every waiting agent with a `down` record in the next run's
+    scope."""
+    if leader is None:
         return
-    scope = agent.scope(Stage(leader.run).scope(), wakes=("plan", "done"))
     try:
-        scope.on(agent.store.another_client(op_timeout=2.0)).report(
-            Failure(Kind.DOWN, how, time=time.time(), agent=0), slot="down"
+        scope = leader.seat.side_scope(
+            Stage(leader.run).scope(), wakes=("plan", "done"), op_timeout=2.0
         )
+        scope.report(Failure(Kind.DOWN, how, time=time.time(), agent=0), slot="down")
     except Exception as exc:
         log.warning("could not tell the other agents to stop: %s", exc)
 
 
-def _announce_warm(agent: NodeAgent, warm: WarmSource) -> None:
+def _announce_warm(seat: ControlSeat, warm: WarmSource) -> None:
     """Publish this node's warm state once its interpreter is ready (for `agent status`), and
     again whenever it changes (a dead interpreter replaced before a run: a new pid)."""
-    key = f"warm/{agent.world.agent_index}"
+    key = f"warm/{seat.world.agent_index}"
     if not warm.enabled or warm.zygote is None:
-        agent.membership.scope.put(key, warm.status())
+        seat.node_scope().put(key, warm.status())
         return
-    side = agent.membership.scope.on(agent.store.another_client())
+    side = seat.node_scope(side=True)
 
     def run() -> None:
         told: dict[str, Any] | None = None
-        while not agent.stop.is_set():
+        while not seat.stop.is_set():
             zygote = warm.zygote
             if zygote is not None:
                 zygote.wait_ready(600.0)
@@ -136,12 +138,12 @@ def _announce_warm(agent: NodeAgent, warm: WarmSource) -> None:
                     told = now
                 except Exception:
                     return  # the store is gone: so is every reader of this key
-            agent.stop.wait(_WARM_LOOK)  # a look at local state; published only when it changed
+            seat.stop.wait(_WARM_LOOK)  # a look at local state; published only when it changed
 
     threading.Thread(target=run, name="warm-announce", daemon=True).start()
 
 
-def _warm_reader(agent: NodeAgent) -> Any:
+def _warm_reader(seat: ControlSeat) -> Any:
     """Node 0: every node's warm state (for `status`), over one side connection of its own."""
     lock = threading.Lock()
     side: list[Any] = []
@@ -149,9 +151,9 @@ def _warm_reader(agent: NodeAgent) -> Any:
     def read() -> list[dict[str, Any] | None]:
         with lock:
             if not side:
-                side.append(agent.membership.scope.on(agent.store.another_client(op_timeout=2.0)))
+                side.append(seat.node_scope(side=True, op_timeout=2.0))
             found: list[dict[str, Any] | None] = []
-            for i in range(agent.world.agents):
+            for i in range(seat.world.agents):
                 try:
                     found.append(side[0].get_if(f"warm/{i}", "warm state"))
                 except AgentError:

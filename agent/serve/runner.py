@@ -17,7 +17,7 @@ from agent.console.view import Sinks
 from agent.control import wire
 from agent.control.stacks_service import write_control
 from agent.errors import AgentError, ExitCode, PeerFailed
-from agent.node.agent import NodeAgent
+from agent.node.control_seat import ControlSeat
 from agent.node.events import StoreLost, drained
 from agent.node.failure import Failure, Kind
 from agent.node.signals import Interrupted
@@ -39,10 +39,10 @@ MAX_VARS = 16384
 
 class RunRunner:
     def __init__(
-        self, agent: NodeAgent, warm: WarmSource, read_topology: Callable[[str], Topology]
+        self, seat: ControlSeat, warm: WarmSource, read_topology: Callable[[str], Topology]
     ) -> None:
-        self.agent, self.warm, self.read_topology = agent, warm, read_topology
-        self.session = Session(agent)  # the runs of this resident agent
+        self.seat, self.warm, self.read_topology = seat, warm, read_topology
+        self.session = Session(seat)  # the runs of this resident agent
         self.offered = False  # the last run got as far as publishing its plan
         self.port = 0  # node 0's endpoint, named in each run's control.json
         self.note: str | None = None  # the last run's log dir held another job's files
@@ -56,7 +56,7 @@ class RunRunner:
     ) -> dict[str, Any]:
         """The run's last message for its client: {"end": code, ...} or {"error": ...}."""
         self.offered, self.note = False, None
-        drain(self.agent.events)  # a previous client's late Ctrl-C is not this run's
+        drain(self.seat.events)  # a previous client's late Ctrl-C is not this run's
         try:
             plan = self._plan(number, message)
         except AgentError as exc:
@@ -68,41 +68,41 @@ class RunRunner:
             log.warning("%s", self.note)
             _send(channel, {"log": f"[agent] {self.note}"})
         sinks = Sinks(ChannelOut(channel, 1), ChannelOut(channel, 2))
-        world, request, read = self.agent.world, self.request, self.read_topology
+        world, request, read = self.seat.world, self.request, self.read_topology
 
         def replan(nodes: int) -> RunPlan:  # a smaller world, in the log dir claimed
             return outputs.relaid(decide(request, world, read, nodes), plan)
 
-        with forward_logs(channel, self.agent.world.host):
+        with forward_logs(channel, self.seat.world.host):
             try:
                 self.session.offer(number, plan)
                 self.offered = True
                 if self.port:
-                    write_control(plan.log_dir, self.agent.world, self.port, number)
+                    write_control(plan.log_dir, self.seat.world, self.port, number)
                 outputs.write_started(plan, world, self.port)  # the run's record from now on
                 tools = RunTools(self.read_topology, self.warm, sinks, replan)
                 code = self.session.execute(number, plan, tools)
             except AgentError as exc:
                 own = not isinstance(exc, PeerFailed)
                 if own:  # ours: the other nodes must hear of it
-                    self.agent.tell(exc)
+                    self.seat.tell(exc)
                 cause = (
-                    self.agent.failed(Kind.SETUP, exc.message, exc)
+                    self.seat.failed(Kind.SETUP, exc.message, exc)
                     if own
                     else Failure(Kind.JOIN, exc.message)
                 )
                 outputs.write_unfinished(plan, world, int(exc.code), cause)  # the record's end
                 return {"error": exc.message, "code": int(exc.code)}
-        if self.agent.signals.received is not None:  # the agent's own signal: stop serving
-            raise Interrupted(self.agent.signals.received)
+        if self.seat.signals.received is not None:  # the agent's own signal: stop serving
+            raise Interrupted(self.seat.signals.received)
         # The report node 0 forwarded ends with "summary: PATH" already.
         return {"end": code, "summary": None}
 
     def after_run(self) -> None:
-        drain(self.agent.events)
+        drain(self.seat.events)
 
     def _plan(self, number: int, message: dict[str, Any]) -> RunPlan:
-        agent = self.agent
+        seat = self.seat
         argv, cwd, env = _checked(message)
         command = parse_run(argv)
         given = {k: v for k, v in command.options.items() if v is not None}
@@ -119,23 +119,22 @@ class RunRunner:
             env=exported,
             run=number,
         )
-        plan = decide(request, agent.world, self.read_topology)
-        _check_losses(agent, self.session.roster, plan)
+        plan = decide(request, seat.world, self.read_topology)
+        _check_losses(seat, self.session.roster, plan)
         self.request = request  # for a smaller world, planned again (--min-nodes)
         plan, self.note = outputs.claim(plan)
         return plan
 
 
-def _check_losses(agent: NodeAgent, roster: Roster | None, plan: RunPlan) -> None:
+def _check_losses(seat: ControlSeat, roster: Roster | None, plan: RunPlan) -> None:
     """Agents lost since the last run are out of this one: a spare takes a lost node's place in
     the roll call (or, with --min-nodes, the world shrinks). Refused now when neither can."""
-    reporter = agent.reporter
-    lost = sorted(reporter.lost_peers) if reporter else []
+    lost = seat.lost()
     if not lost:
         return
     options = plan.options
-    roster = roster or Roster.initial(agent.world.agents, options.spares)
-    out = [Exclusion(i, agent.names[i], reporter.lost_reason[i], 0) for i in lost]
+    roster = roster or Roster.initial(seat.world.agents, options.spares)
+    out = [Exclusion(i, seat.names[i], why, 0) for i, why in sorted(lost.items())]
     try:
         roster.without(out, options.min_nodes)
     except Shortfall as exc:

@@ -41,6 +41,7 @@ sys.setswitchinterval(float(os.environ.get("LA_SCALE_SWITCH", "0.05")))
 
 from agent.errors import AgentError, PeerFailed  # noqa: E402
 from agent.node.agent import NodeAgent, NodeSettings  # noqa: E402
+from agent.node.joined import JoinedNode  # noqa: E402
 from agent.plan.run_plan import Request, decide  # noqa: E402
 from agent.plan.topology import read_topology  # noqa: E402
 from agent.run import outputs  # noqa: E402
@@ -97,14 +98,15 @@ class ScaleAgent(NodeAgent):
     _shared: dict[tuple[str, ...], list[str]] = {}
     _lock = threading.Lock()
 
-    def connect(self) -> None:
-        super().connect()
-        if SHARED_REPORTS and self.reporter is not None and not self.leader:
+    def connect(self) -> JoinedNode:
+        joined = super().connect()
+        if SHARED_REPORTS and not self.leader:
             # Node 0 serves 5 connections per agent; 4,096 agents need more than this machine's
             # 20,000 file descriptors. Here a peer's failure reports share its main connection
             # (idle while its supervisor runs): 4 per agent, as proposal P1 would make it.
-            side, self.reporter._side = self.reporter._side, None
+            side, joined.reporter._side = joined.reporter._side, None
             side._client.close()
+        return joined
 
     @property
     def names(self) -> list[str]:
@@ -268,7 +270,8 @@ class Slot:
         self.agent = ScaleAgent(
             world=world, settings=SETTINGS, secret=SECRET, environ={"PATH": os.defpath}
         )
-        self.session = Session(self.agent)
+        self.seat: JoinedNode | None = None  # once joined
+        self.session: Session | None = None
         self.node = FakeNode()
         self.joined: float | None = None
         self.received: float | None = None  # the plan received, opened, parsed, checked
@@ -278,6 +281,11 @@ class Slot:
         self.left: float | None = None
         self.code: int | None = None
         self.error: str | None = None
+
+    def join(self) -> Session:
+        self.seat = self.agent.connect()
+        self.session = Session(self.seat)
+        return self.session
 
     def topology(self, _root: str) -> Any:
         """prepare() reads the topology right after the plan arrived: the payload is here."""
@@ -298,16 +306,14 @@ class Slot:
                 profile.enable()
             BY_THREAD[threading.get_ident()] = self
             self.cpu["start"] = time.thread_time()
-            if not agent.leader:
-                agent.connect()
-            agent.meet()
+            session = self.session or self.join()  # node 0 joined already: it hosts the store
+            assert self.seat is not None
+            self.seat.meet()
             self.joined = time.monotonic()
             self.cpu["joined"] = time.thread_time()
-            self.code = self.session.execute(
-                0, plan, RunTools(self.topology, spawn=self.node.spawn)
-            )
+            self.code = session.execute(0, plan, RunTools(self.topology, spawn=self.node.spawn))
             self.finished = time.monotonic()
-            agent.leave()
+            self.seat.leave()
             self.left = time.monotonic()
         except BaseException as exc:  # reported to the driver, never hidden
             self.error = f"{type(exc).__name__}: {exc}"[:400]
@@ -415,7 +421,7 @@ def main(argv: list[str]) -> int:
     if role == "leader":
         script, config = argv[4], argv[5]
         slot = Slot(world_of(n, 0, port, hosts))
-        slot.agent.connect()  # hosts the store
+        session = slot.join()  # hosts the store
         given = {
             "nproc_per_node": str(NPROC),
             "numa_binding": "off",
@@ -426,7 +432,7 @@ def main(argv: list[str]) -> int:
         request = Request(script, (config,), (), (), given)
         plan = decide(request, slot.agent.world, slot.topology)
         slot.planned = None
-        slot.session.offer(0, plan)
+        session.offer(0, plan)
         slots = [slot]
         threads = [threading.Thread(target=slot.run, args=(go, plan), daemon=True)]
     else:
