@@ -41,6 +41,7 @@ sys.setswitchinterval(float(os.environ.get("LA_SCALE_SWITCH", "0.05")))
 
 from agent.errors import AgentError, PeerFailed  # noqa: E402
 from agent.node.agent import NodeAgent, NodeSettings  # noqa: E402
+from agent.node.failure import Kind  # noqa: E402
 from agent.node.joined import JoinedNode  # noqa: E402
 from agent.plan.run_plan import Request, decide  # noqa: E402
 from agent.plan.topology import read_topology  # noqa: E402
@@ -321,8 +322,8 @@ class Slot:
                 traceback.print_exc()
             if isinstance(exc, AgentError):  # as launch.oneshot: told, unless a peer's failure
                 own = not isinstance(exc, PeerFailed)
-                record = {"kind": "setup", "node_rank": self.index, "how": exc.message}
-                agent.farewell(record if own else None, exc.message, everyone=own)
+                record = agent.failed(Kind.SETUP, exc.message, exc) if own else None
+                agent.farewell(record, exc.message, everyone=own)
         finally:
             if profile is not None:
                 profile.disable()
