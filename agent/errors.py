@@ -24,7 +24,8 @@ class AgentError(Exception):
     # record it tells the others says so (agent.node.failure.Failure.tampering).
     tampering = False
 
-    def __init__(self, message: str, code: ExitCode = ExitCode.USAGE) -> None:
+    # code: an ExitCode, or 128 + N for a signal a client was told of
+    def __init__(self, message: str, code: int = ExitCode.USAGE) -> None:
         super().__init__(message)
         self.message = message
         self.code = code

@@ -5,9 +5,8 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
-from typing import BinaryIO
 
-from agent.console.router import PALETTE, LogRouter
+from agent.console.router import PALETTE, ConsoleSink, LogRouter
 from agent.console.stream import JobPace
 from agent.plan.options import Options, progress_pattern
 from agent.plan.rank_set import parse_rank_set
@@ -19,8 +18,8 @@ from agent.text import printable
 class Sinks:
     """Where a run's console lines go instead of this process's stdout and stderr."""
 
-    out: BinaryIO
-    err: BinaryIO
+    out: ConsoleSink
+    err: ConsoleSink
     colour: bool = False
 
 

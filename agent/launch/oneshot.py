@@ -79,9 +79,9 @@ def launch(command: Command, environ: Mapping[str, str]) -> int:
     except AgentError as exc:
         # Ours to tell, unless another node's failure (told already) is what ended us.
         own = not isinstance(exc, PeerFailed)
-        record = agent.failed(Kind.SETUP, exc.message, exc) if own else None
-        agent.farewell(record, exc.message, everyone=own)
-        _unfinished(plan, world, int(exc.code), record or Failure(Kind.JOIN, exc.message))
+        told = agent.failed(Kind.SETUP, exc.message, exc) if own else None
+        agent.farewell(told, exc.message, everyone=own)
+        _unfinished(plan, world, int(exc.code), told or Failure(Kind.JOIN, exc.message))
         raise
     except (RuntimeError, OSError) as exc:  # torch's DistNetworkError & co: node 0 went away
         raise lost_store_error(exc) from None

@@ -35,9 +35,10 @@ class Reporter:
         self.lost_peers: set[int] = set()  # node 0: every peer it declared lost, for good
         self.lost_reason: dict[int, str] = {}  # node 0: what it said of each, e.g. SILENT
         self.scope: Scope | None = None  # the phase a lost peer fails
-        self.active: Mapping[int, int] | None = None  # peers counted on → node rank (None: all)
+        # peers counted on → node rank (None: a spare's, it has none yet); None: all peers
+        self.active: Mapping[int, int | None] | None = None
 
-    def enter(self, scope: Scope | None, active: Mapping[int, int] | None = None) -> None:
+    def enter(self, scope: Scope | None, active: Mapping[int, int | None] | None = None) -> None:
         """A new phase (None: between runs, or a spare's wait): lost peers fail it from now."""
         with self._lock:
             self.scope, self.active = scope, active
@@ -45,7 +46,8 @@ class Reporter:
             # Only a phase that names who it counts on (a lineup, an attempt) hears of old losses.
             carried = [i for i in self.lost_peers if self._counts(i)] if active else []
         for index in carried:
-            self._fail(index, self.lost_reason[index], scope)
+            if scope is not None:
+                self._fail(index, self.lost_reason[index], scope)
 
     def _counts(self, index: int) -> bool:
         return self.active is None or index in self.active

@@ -33,7 +33,7 @@ class Result:
     host: str | None = None
 
     @staticmethod
-    def gone(node: int, host: str) -> Result:
+    def gone(node: int | None, host: str) -> Result:
         """What node 0 writes for a node it declared lost."""
         return Result(lost=True, node=node, host=host)
 

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO, TextIO
+from typing import Any, BinaryIO, Protocol, TextIO
 
 from agent.control import connection
 from agent.control.wire import RETRY_FOR, Channel, WireError, connect_retrying, unpack_bytes
@@ -25,6 +25,15 @@ from agent.node.trust import JobKeys
 from agent.serve.forward import GaveUp, StopSignals
 from agent.serve.status_view import render_status
 from agent.text import printable
+
+
+class TextSink(Protocol):
+    """Where a client's notes go: a text stream, or nowhere."""
+
+    def write(self, text: str, /) -> int: ...
+
+    def flush(self) -> None: ...
+
 
 _PAUSED = re.compile(rb"(?m)^rank (\d+) paused at .*: python -m agent debug ")
 _HOLD_LIMIT = 8 << 20  # bytes of run output kept while --attach holds the terminal
@@ -57,7 +66,9 @@ def locate(environ: Mapping[str, str], home: Path, explicit: str | None) -> Targ
         path,
         record["pid"],
         record["hostname"],
-        run if isinstance(run := record.get("run"), int) and not isinstance(run, bool) else None,
+        number
+        if isinstance(number := record.get("run"), int) and not isinstance(number, bool)
+        else None,
     )
 
 
@@ -267,7 +278,7 @@ class _RunView:
             self._dead.add(fd)
 
 
-def answer(channel: Channel, key: str, timeout: float, out: TextIO) -> Any:
+def answer(channel: Channel, key: str, timeout: float, out: TextSink) -> Any:
     """The value under `key` of the server's answer; its error as AgentError."""
     deadline = time.monotonic() + timeout
     while True:
@@ -301,7 +312,7 @@ def _exit_code(value: object) -> int:
 
 def _known_code(value: object) -> ExitCode:
     try:
-        return ExitCode(value)
+        return ExitCode(value) if isinstance(value, int) else ExitCode.RENDEZVOUS
     except ValueError:
         return ExitCode.RENDEZVOUS
 

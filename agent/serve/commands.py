@@ -29,7 +29,7 @@ def main(action: str, argv: Sequence[str], environ: Mapping[str, str]) -> int:
     if log_dir is not None:  # LOG_DIR, or the id of its job (agent history's)
         log_dir = log_dir_of(log_dir, environ)
         command = replace(command, serve_file=_control(log_dir), log_dir=log_dir)
-    if log_dir is not None and (not os.path.isfile(_control(log_dir)) or killed(log_dir)):
+    if log_dir is not None and (not os.path.isfile(LogDir(log_dir).control) or killed(log_dir)):
         raise not_live(log_dir)
     try:
         target = client.locate(environ, home, command.serve_file)
@@ -40,8 +40,8 @@ def main(action: str, argv: Sequence[str], environ: Mapping[str, str]) -> int:
     try:
         channel = client.open_channel(target, environ, home)
     except AgentError as exc:
-        finished = log_dir is not None and exc.code == ExitCode.RENDEZVOUS
-        if finished and (has_verdict(log_dir) or killed(log_dir)):
+        unreachable = exc.code == ExitCode.RENDEZVOUS
+        if log_dir is not None and unreachable and (has_verdict(log_dir) or killed(log_dir)):
             raise not_live(log_dir) from None
         raise
     if action == "top":

@@ -107,7 +107,8 @@ class Leader:
 
     def _run_request(self, channel: wire.Channel, message: dict[str, Any]) -> None:
         with self._lock:
-            busy = self.active or (self.down and Active(-1, channel))
+            # a run under way, or `down` asked for: no new run
+            busy = self.active or (Active(-1, channel) if self.down is not None else None)
             if busy is None:
                 self.active = Active(self.run, channel)
         if busy is not None:
