@@ -203,6 +203,28 @@ def test_usr2_that_slurm_gave_every_rank_is_not_sent_again():
     assert outcome.signum == signal.SIGTERM
 
 
+def test_a_rank_killed_by_the_steps_sigterm_before_the_agents_copy_is_no_rank_failure():
+    """Where Slurm signals every process of the step (scancel, the time limit), a rank's death
+    by SIGTERM may be seen first: the agent's own SIGTERM, just after, is the cause (exit 143,
+    infrastructure), the rank terminated. Without Slurm's signal, or without the agent's copy,
+    the same death is the rank's failure."""
+    for slurm, agents_copy, kinds in [
+        (True, True, [("signal", "SIGTERM")]),
+        (True, False, [("rank", "SIGTERM")]),
+        (False, True, [("rank", "SIGTERM")]),
+    ]:
+        events, reports = queue.SimpleQueue(), []
+        procs = FakeProcesses(events)
+        sup, start = _supervisor(events, procs, reports, slurm_signals_ranks=slurm)
+        events.put(RankExited(1, -signal.SIGTERM, 1.0))
+        if agents_copy:
+            events.put(Signalled(signal.SIGTERM))
+        outcome = sup.run(start)
+        assert [(r["kind"], r["signal"]) for r in reports] == kinds, (slurm, agents_copy)
+        state = "terminated" if kinds[0][0] == "signal" else "failed"
+        assert _states(outcome)[1] == state, (slurm, agents_copy)
+
+
 def test_sigint_to_the_agent_is_reported_and_reaches_ranks_as_sigint():
     events, reports = queue.SimpleQueue(), []
     procs = FakeProcesses(events)

@@ -23,6 +23,10 @@ from agent.run.summary import RankExit, rank_failure
 
 log = logging.getLogger("agent")
 IDLE_TICK = 1.0  # seconds between the supervisor's looks when nothing happens
+# Where Slurm signals every process of the step itself, a rank killed by a stop signal may be
+# seen before the agent's own copy of it: how long the rank's exit waits for that copy before
+# it counts as the rank's failure (the scheduler's stop is the job's cause, not the rank).
+STEP_SIGNAL_WAIT = 0.5
 
 
 @dataclass
@@ -78,6 +82,7 @@ class Supervisor:
         self._stragglers: list = []
         self._hung: set[int] = set()
         self.bindings = BindingCheck()
+        self._held: list[Any] = []  # events read while a rank's exit waited for a signal
 
     def run(self, start: Callable[[], list[w.Worker]]) -> Outcome:
         self.workers = start()
@@ -103,6 +108,8 @@ class Supervisor:
 
     # -- events ---------------------------------------------------------------------------
     def _next_event(self):
+        if self._held:
+            return self._held.pop(0)
         timeout = 0.05 if self.bindings.pending(self.workers) else self._until_due()
         if self._deadline is not None:
             timeout = max(0.0, min(timeout, self._deadline - time.monotonic()))
@@ -123,6 +130,8 @@ class Supervisor:
     def _on_exit(self, event: w.RankExited) -> None:
         worker = self.workers[event.index]
         worker.returncode, worker.end = event.returncode, event.when
+        if self._step_signal(event.returncode):
+            worker.terminated = True  # the scheduler stopped the step: the agent's signal says so
         state = "succeeded" if event.returncode == 0 else "failed"
         if worker.terminated and event.returncode != 0:
             state = "terminated"
@@ -152,6 +161,26 @@ class Supervisor:
                 record = replace(record, how=f"{record.how} {lost_with}")
             self.outcome.failure = self._report(record) or record
             self._stop(f"rank {exit.rank} {record.how}")
+
+    def _step_signal(self, returncode: int) -> bool:
+        """Whether a rank killed by a stop signal was killed by the scheduler's stop of the whole
+        step: where Slurm signals the ranks itself, the agent's own copy of that signal comes
+        within STEP_SIGNAL_WAIT (it is handled here, first); else the exit is the rank's own."""
+        signum = -returncode
+        if not (self.slurm_signals_ranks and self._deadline is None and signum in STOP):
+            return False
+        until = time.monotonic() + STEP_SIGNAL_WAIT
+        while (left := until - time.monotonic()) > 0:
+            try:
+                event = self.events.get(timeout=left)
+            except queue.Empty:
+                break
+            ours = isinstance(event, Signalled) and event.run in (None, self.stage.run)
+            if ours and event.signum == signum and event.how is None:
+                self._on_signal(event.signum)
+                return True
+            self._held.append(event)  # handled in its turn, after this exit
+        return False
 
     def _on_abort(self, record: Failure) -> None:
         if self._deadline is None:
