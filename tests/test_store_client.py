@@ -211,3 +211,34 @@ def test_a_one_node_job_restarts_with_rank_0_hosting_the_store_again(tmp_path, f
     assert first[:2] == ["attempt", "0"] and second[:2] == ["attempt", "1"]
     if fixed_port:
         assert first[3] == second[3] == port[1]
+
+
+@pytest.mark.parametrize("garbage", [b"garbage", b"", b"{}", b"9" * 30])
+def test_a_counter_an_outsider_set_to_a_non_number_is_reset_not_the_end_of_the_store(
+    server, garbage
+) -> None:
+    """torch's server closes the connection of a client whose add() meets a value that is not a
+    number. Anyone may set one over our counters (the tampering fuzzer found it: the agent's
+    add() then said "lost the job store", exit 3): the store is still there, so the counter is
+    reset and added to again, on a fresh connection that goes on answering."""
+    ours = _ours(server)
+    outsider = TCPStore(
+        "127.0.0.1", server.port, is_master=False, wait_for_workers=False,
+        timeout=timedelta(seconds=10),
+    )  # fmt: skip
+    ours.add("wake", 3)
+    outsider.set("wake", garbage)
+    assert ours.add("wake", 1) == 1
+    outsider.set("b", garbage)
+    assert ours.add_all(["a", "b", "c"], 2) == [2, 2, 2]  # a: added before the close, once
+    assert server.get("a") == b"2" and ours.get("wake") == b"1"
+
+
+def test_a_server_gone_after_an_add_is_still_reported_as_closed() -> None:
+    server = TCPStore(
+        "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=5)
+    )
+    ours = _ours(server)
+    del server  # torch's server stops with its last reference: no new connection is answered
+    with pytest.raises(StoreClosed):
+        ours.add("n", 1)

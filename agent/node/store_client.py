@@ -7,6 +7,7 @@ as expected raises `ProtocolMismatch`, and the caller falls back to torch's clie
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import struct
@@ -19,6 +20,8 @@ from agent.node import store_wire as wire
 _CHUNK = 1 << 16  # bytes asked of the socket at a time
 PIPELINE = 1024  # queries sent before their answers are read (neither side's buffer fills)
 DEFERRED_CONNECT = 2.0  # seconds a deferred client retries a refused connect
+REPAIRS = 20  # counters reset in a row (each after an outsider's non-number) before giving up
+log = logging.getLogger("agent")
 
 
 # RuntimeError subclasses, like torch's DistStoreError, so callers handle both clients alike.
@@ -71,6 +74,7 @@ class StoreClient:
                 time.sleep(0.05)  # a refused connect returns at once: pace the retries
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         client = cls(sock, op_timeout)
+        client._address = (host, port)
         client._handshake(min(10.0, max(1.0, deadline - time.monotonic())))
         sock.settimeout(op_timeout)
         return client
@@ -113,19 +117,54 @@ class StoreClient:
             return self._recv_blob()
 
     def add(self, key: str, amount: int) -> int:
-        with self._lock:
-            self._send(wire.add_request(key, amount))
-            return struct.unpack("<q", self._recv(8))[0]
+        return self.add_all([key], amount)[0]
 
     def add_all(self, keys: Sequence[str], amount: int) -> list[int]:
-        """`add` to every key, the queries pipelined: a round trip per PIPELINE keys."""
+        """`add` to every key, the queries pipelined: a round trip per PIPELINE keys.
+
+        torch's server closes the connection of a client whose `add` finds a value that is not
+        a number (anyone may `set` one over a counter): the store is not lost then. When a new
+        connection is answered, the counters of the batch that the server refused to add to are
+        reset to 0 and added to again (an outsider's garbage delays, never ends the job; our
+        counters only wake readers, who decide from sealed records)."""
         found: list[int] = []
         with self._lock:
             for at in range(0, len(keys), PIPELINE):
                 part = keys[at : at + PIPELINE]
-                self._send(b"".join(wire.add_request(key, amount) for key in part))
-                found += [struct.unpack("<q", self._recv(8))[0] for _ in part]
+                for tries in range(REPAIRS + 1):
+                    done = len(found)
+                    try:
+                        self._send(b"".join(wire.add_request(key, amount) for key in part))
+                        for _ in part:
+                            found.append(struct.unpack("<q", self._recv(8))[0])
+                        break
+                    except StoreClosed:
+                        if tries == REPAIRS or not self._reconnect():
+                            raise
+                    part = part[len(found) - done :]  # answered before the close: added
+                    log.warning(
+                        "the job store closed this agent's connection on `add` to %s: a value "
+                        "there is not a number (an outsider's?); reset to 0 and added again",
+                        part[0],
+                    )
+                    self._send(
+                        bytes([wire.SET]) + wire.blob(wire.key_bytes(part[0])) + wire.blob(b"0")
+                    )
         return found
+
+    def _reconnect(self) -> bool:
+        """A fresh connection to the same server (False: none answers: the store is gone)."""
+        if self._address is None:
+            return False
+        self.close()
+        self._buf.clear()
+        self._pos = 0
+        try:
+            fresh = StoreClient.connect(*self._address, DEFERRED_CONNECT, self._op_timeout)
+        except (OSError, RuntimeError):
+            return False
+        self._sock = fresh._sock
+        return True
 
     def check(self, keys: Sequence[str]) -> bool:
         with self._lock:
