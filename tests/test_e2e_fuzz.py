@@ -1,0 +1,52 @@
+"""The tampering fuzzer (issue 35): during 2-node loopback jobs of several shapes, an outsider with
+torch's own client lists the job store's keys and applies random operations at a seeded schedule
+(tests/outsider.py). The job's exit codes, root cause kind and rank, and attempts must equal the
+untampered shape's, within a bounded delay. scripts/soak_tampering.py runs hundreds of them; this
+runs one job a shape. A failure names its seed: replay it with
+`python scripts/soak_tampering.py --jobs 1 --seed SEED --shapes SHAPE`."""
+
+from __future__ import annotations
+
+import pytest
+from outsider import SHAPES, run_job
+
+DELAY = 60.0  # seconds a tampered job may take beyond its untampered time (~6-12 s here)
+SEEDS = {"clean": 7, "restart": 8, "failure": 9, "hang": 10}
+# Open defects found by this fuzzer and not fixed yet (BENCHMARKS.md, "Tampering soak"): until
+# they are, these jobs xfail (not strict) and pytest -rx names each shape, seed and outcome.
+# - torch's store server closes an agent's connection while it waits (join barrier, lineup;
+#   nothing in the server's log): the agent exits 3 'lost the job store: store connection closed
+#   by the server', and node 0 then waits on in the join barrier (restart/8, restart/1, clean/7;
+#   soak clean/1000, restart/1001, clean/1004, restart/1005: about every other job).
+# - after a deleted heartbeat key (hb/1), 'node 1 lost: its agent stopped answering': hang/10
+#   ends exit 3, root cause 'lost', instead of exit 1 'hang'; in other runs of hang/10 and of
+#   restart/1 (after its restart) the job outlives the bound.
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.xfail(strict=False, reason="open defects the fuzzer found (see the module)"),
+]
+
+
+@pytest.fixture
+def run_job_for(tmp_path):
+    return lambda shape, seed: run_job(tmp_path, SHAPES[shape], seed, 15 + DELAY)
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_an_outsider_changes_no_outcome(run_job_for, shape):
+    _check(run_job_for, shape, SEEDS[shape])
+
+
+def test_a_counter_set_to_garbage_before_an_agent_adds_to_it_is_not_a_lost_store(run_job_for):
+    """Seed 1 of the restart shape found it: garbage over `r0/a0/standing-seq` (or a claim or
+    arrival counter) made torch's server close the agent's connection at its next add(): exit 3
+    and no summary. The store client resets the counter and adds again (tests/test_store_client)."""
+    _check(run_job_for, "restart", 1)
+
+
+def _check(run_job_for, shape: str, seed: int) -> None:
+    result = run_job_for(shape, seed)
+    assert not result.changed, f"{result.describe()}\n{result.dump[-4000:]}"
+    assert result.outsider is not None and sum(result.outsider.tried.values()) > 0, (
+        f"seed {seed}: the outsider did nothing"
+    )
