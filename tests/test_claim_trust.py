@@ -72,6 +72,21 @@ def test_a_second_agent_with_the_same_index_is_refused_naming_the_first(server) 
     assert "h1" in caught.value.message and "pid" in caught.value.message
 
 
+@pytest.mark.parametrize("tamper", ["deleted", "set back", "garbage"])
+def test_a_second_agent_is_refused_though_the_claim_counter_went_back(server, tamper) -> None:
+    """An outsider deletes, sets back or garbles the counter (garbage: our client resets it):
+    the second agent's ticket is the first one's again; the sealed claim there refuses it."""
+    member(server).claim("h1", wait=WAIT)
+    evil, counter = outsider(server), claim_counter(server)
+    if tamper == "deleted":
+        evil.delete_key(counter)
+    else:
+        evil.set(counter, b"0" if tamper == "set back" else b"garbage")
+    with pytest.raises(AgentError) as caught:
+        member(server).claim("h1", wait=WAIT)
+    assert "node 1 (h1) is already taken" in caught.value.message
+
+
 def test_a_later_claimant_waits_for_an_earlier_ticket_that_is_being_written(server) -> None:
     """Two agents started at once: the one with the later ticket sees the earlier one's
     sealed claim though it is written after the later one looks."""

@@ -68,16 +68,17 @@ class Membership:
         only on a sealed claim of an earlier ticket that is not its own: a later ticket waits
         (`wait` seconds at most) for the earlier ones' records, which their agents write right
         after taking them. A ticket an outsider took with `add()` never gets a record: it costs
-        that wait once and refuses no one."""
+        that wait once and refuses no one. A ticket that already has a sealed claim (an outsider
+        deleted or reset the counter: it went back) counts as an earlier one."""
         ticket = self.store.add(self.scope.key("claim", self.index))
         mine = {"i": self.index, "ticket": ticket, "host": host, "pid": os.getpid()}
         mine["nonce"] = secrets.token_hex(8)
+        held = self.scope.get_if(f"claim/{self.index}/{ticket}", "node claim")
         self.scope.put(f"claim/{self.index}/{ticket}", mine)
         earlier = [f"claim/{self.index}/{t}" for t in range(max(1, ticket - CLAIM_WINDOW), ticket)]
         if earlier:
             self.store.wait([self.scope.key(name) for name in earlier], wait)
-        for name in earlier:
-            other = self.scope.get_if(name, "node claim")
+        for other in [held, *(self.scope.get_if(name, "node claim") for name in earlier)]:
             if other is None or other.get("i") != self.index or other.get("nonce") == mine["nonce"]:
                 continue
             raise AgentError(
