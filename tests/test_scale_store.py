@@ -38,6 +38,20 @@ def test_silence_names_each_peer_once_after_lost_after(ticks, silent) -> None:
     assert [watch.silent(counts, now) for now, counts in ticks] == silent
 
 
+@pytest.mark.parametrize(
+    ("ticks", "silent"),
+    [
+        ([(0.0, [1, 0]), (7.0, [2, 0]), (29.0, [3, 0]), (31.0, [4, 0])], [[], [], [], [1]]),
+        ([(0.0, [1, 0]), (20.0, [2, 5]), (27.0, [3, 5])], [[], [], [1]]),  # then lost_after
+    ],
+)
+def test_a_peer_without_a_sealed_beat_yet_has_the_first_beats_bound(ticks, silent) -> None:
+    """Issue 35: an outsider's value where a peer's first beat goes, then deleted, made node 0
+    count a still-connecting peer lost after lost_after; only a sealed beat starts that clock."""
+    watch = Silence(own=0, lost_after=6.0, first_after=30.0)
+    assert [watch.silent(counts, now) for now, counts in ticks] == silent
+
+
 # -- heartbeats against a counting fake store ---------------------------------------------
 class FakeStore:
     """The Store calls heartbeats make, in memory, each query counted (`ops`: name, keys)."""

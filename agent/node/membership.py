@@ -138,7 +138,7 @@ class Membership:
 
         def run() -> None:
             ticks = 0
-            watch = Silence(self.index, lost_after) if on_silent is not None else None
+            watch = Silence(self.index, lost_after, FIRST_TICK) if on_silent is not None else None
             every = tuple(beat.key("hb", i) for i in range(self.agents)) if watch else ()
             beats = Beats(keys, every)
             try:
@@ -212,10 +212,13 @@ class Silence:
     """Node 0's view of the heartbeats: which peers stopped beating (each named once).
 
     `silent` is fed every peer's newest beat number at each tick; a peer whose number has not
-    moved for more than `lost_after` seconds is returned (once). O(N) per tick, no allocation per unchanged peer."""
+    moved for more than `lost_after` seconds is returned (once). O(N) per tick, no allocation per unchanged peer.
+    A peer with no sealed beat yet (0) has `first_after` seconds: an outsider's value where its
+    first beat goes, then deleted, only delays (its agent may still be connecting)."""
 
-    def __init__(self, own: int, lost_after: float) -> None:
+    def __init__(self, own: int, lost_after: float, first_after: float | None = None) -> None:
         self.own, self.lost_after = own, lost_after
+        self.first_after = lost_after if first_after is None else max(first_after, lost_after)
         self.counts: list[int] = []
         self.since: list[float] = []
         self.reported: set[int] = set()
@@ -226,10 +229,13 @@ class Silence:
             return []
         found = []
         last, since, limit = self.counts, self.since, now - self.lost_after
+        first = now - self.first_after
         for i, count in enumerate(counts):
             if count != last[i]:
                 last[i], since[i] = count, now
-            elif since[i] < limit and i != self.own and i not in self.reported:
+            elif (
+                since[i] < (limit if count else first) and i != self.own and i not in self.reported
+            ):
                 self.reported.add(i)
                 found.append(i)
         return found
