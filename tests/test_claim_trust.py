@@ -108,3 +108,23 @@ def test_a_later_claimant_waits_for_an_earlier_ticket_that_is_being_written(serv
     thread.join(30)
     assert not thread.is_alive()
     assert refused and "already taken" in refused[0].message
+
+
+@pytest.mark.parametrize("tamper", ["deleted", "garbage"])
+def test_hosts_read_after_the_join_wait_past_a_tampered_note_within_a_bound(server, tamper) -> None:
+    """Issue 35: node 0 read the hosts (for each attempt's seating) waiting for ever past a
+    host announcement an outsider garbled after the join: the job hung. Now it waits
+    HOSTS_WAIT s at most and that host is unknown."""
+    from agent.node.membership import HOSTS_WAIT
+
+    first, second = member(server, 0), member(server, 1)
+    first.scope.put("in/0", {"host": "h0"})
+    second.scope.put("in/1", {"host": "h1"})
+    key = first.scope.key("in", 1)
+    if tamper == "deleted":
+        outsider(server).delete_key(key)
+    else:
+        outsider(server).set(key, b"garbage")
+    start = time.monotonic()
+    assert first.hosts() == ["h0", ""]
+    assert time.monotonic() - start <= HOSTS_WAIT + 5

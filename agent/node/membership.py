@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 
 from agent.errors import AgentError, ExitCode
 from agent.node.scope import Scope
-from agent.node.sealed import tell_refused
+from agent.node.sealed import Tampered, tell_refused
 from agent.node.store import Store
 from agent.node.trust import JobKeys, Refused
 from agent.text import printable
@@ -31,6 +31,7 @@ TICKS_PER_SECOND = 2048
 # (written one query after their ticket was taken); a ticket an outsider took costs it once.
 CLAIM_WAIT = 3.0
 CLAIM_WINDOW = 64  # earlier tickets looked at: two agents of one index take theirs together
+HOSTS_WAIT = 3.0  # seconds node 0 waits past a host announcement an outsider deleted or garbled
 SCOPE = "m"  # the membership's keys: claims, the join, beats, departures (gone/<index>)
 
 
@@ -57,6 +58,7 @@ class Membership:
         self.index = index
         self.names = names  # "node 3 (n4)" per agent, for messages
         self.scope = Scope(store, SCOPE, index, keys, wakes=("done",))
+        self._hosts: list[str] | None = None
 
     def claim(self, host: str, wait: float = CLAIM_WAIT) -> None:
         """Take this node index for the job, once: a second agent with the same one is refused
@@ -91,12 +93,33 @@ class Membership:
         self.host = host
 
     def join(self, timeout: float) -> None:
+        self._hosts = None
         self.scope.barrier(self.agents, timeout, self.names, {"host": self.host})
 
     def hosts(self) -> list[str]:
-        """Every agent's host as it announced itself when joining (after the barrier)."""
-        notes = self.scope.get_all([f"in/{i}" for i in range(self.agents)], "host announcement")
-        return [str(note.get("host", "")) for note in notes]
+        """Every agent's host as it announced itself when joining (after the barrier), read
+        once. A note an outsider deleted or garbled since is waited past for HOSTS_WAIT seconds
+        at most, then that host is unknown (""): a tampered note delays, never hangs a run."""
+        if self._hosts is not None:
+            return self._hosts
+        names = [f"in/{i}" for i in range(self.agents)]
+        if self.store.exists_all([self.scope.key(name) for name in names]):
+            try:
+                notes = self.scope.get_all(names, "host announcement", 0.001)
+                self._hosts = [str(note.get("host", "")) for note in notes]
+                return self._hosts
+            except Tampered:
+                pass
+        deadline = time.monotonic() + HOSTS_WAIT
+        hosts = []
+        for name in names:
+            note = self.scope.get_if(name, "host announcement")
+            while note is None and time.monotonic() < deadline:
+                time.sleep(0.25)  # only an outsider's write leads here: a few polls, bounded
+                note = self.scope.get_if(name, "host announcement")
+            hosts.append("" if note is None else str(note.get("host", "")))
+        self._hosts = hosts
+        return hosts
 
     def leaving(self, why: str | None = None) -> None:
         """Our silence from now on is a departure (why=None: an orderly one), not a loss."""

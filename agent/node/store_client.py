@@ -221,8 +221,8 @@ class StoreClient:
         self._buf.clear()
         self._pos = 0
         try:
-            fresh = StoreClient.connect(
-                *self._address, DEFERRED_CONNECT, self._op_timeout, patient=False
+            fresh = StoreClient.connect(  # refused: gone at once; silent: each handshake
+                *self._address, sum(HANDSHAKES), self._op_timeout, patient=False
             )
         except (OSError, RuntimeError):
             return False
