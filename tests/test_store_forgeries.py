@@ -168,3 +168,22 @@ def test_node_0_whose_plan_was_deleted_ends_its_barrier_as_suspected_tampering(s
         prepare(follower, world=None, plan=None, environ={}, read_topology=None, timeout=30,
                 names=NAMES)  # fmt: skip
     assert told.value.code == ExitCode.REFUSED and "store tampering suspected" in told.value.message
+
+
+def test_garbage_over_the_public_key_check_is_no_secret_mismatch(server) -> None:
+    """Issue 35: an outsider's garbage at `hello` ended a joining agent as a secret mismatch
+    (exit 4) and left node 0 waiting out the join. Now it is waited past, then the check is
+    skipped (a join with another secret is still refused by the rendezvous timeout); a
+    readable value that differs is still a mismatch."""
+    from agent.node.handshake import UNREADABLE_WAIT, check
+    from agent.node.trust import Refused
+
+    public = scope(server, 1).store.under("la/job/0/")
+    outsider(server).set(public.key("hello"), b"garbage")
+    start = time.monotonic()
+    check(public, KEYS, 1, 60.0, "node 0 (n0)")
+    assert time.monotonic() - start <= UNREADABLE_WAIT + 5
+    other = JobKeys.derive(b"another-secret", "job", "0")
+    public.set_json(public.key("hello"), {"check": other.check_value})
+    with pytest.raises(Refused):
+        check(public, KEYS, 1, 60.0, "node 0 (n0)")
