@@ -294,3 +294,12 @@ def test_a_peer_whose_heartbeat_stops_is_named_by_node_0_over_the_real_store(ser
     for stop in stops:
         stop.set()
     assert silent == [2] and not lost
+
+
+def test_a_peer_waited_past_once_is_named_again_after_another_lost_after() -> None:
+    """Issue 35: node 0 waits past a tampered beat (deleted, forged) once: `again` restarts
+    that peer's clock; a dead node is still named, one --heartbeat-timeout later."""
+    watch = Silence(own=0, lost_after=6.0)
+    assert watch.silent([1, 1], 0.0) == [] and watch.silent([2, 1], 7.0) == [1]
+    watch.again(1, 7.0)
+    assert watch.silent([3, 1], 12.0) == [] and watch.silent([4, 1], 13.5) == [1]

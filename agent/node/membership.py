@@ -164,6 +164,7 @@ class Membership:
             watch = Silence(self.index, lost_after, FIRST_TICK) if on_silent is not None else None
             every = tuple(beat.key("hb", i) for i in range(self.agents)) if watch else ()
             beats = Beats(keys, every)
+            waited_past: set[int] = set()
             try:
                 if watch is not None:
                     beat.wait(every, FIRST_TICK)
@@ -175,13 +176,19 @@ class Membership:
                     if watch is None:
                         continue
                     seqs = beats.read(beat.multi_get(every, present=True))
-                    for i in watch.silent(seqs, time.monotonic()):
-                        if beats.tampered[i]:
-                            log.error(
-                                "store tampering suspected at %s: %s",
+                    now = time.monotonic()
+                    for i in watch.silent(seqs, now):
+                        if beats.tampered[i] and i not in waited_past:
+                            # A deletion or forgery delays, never decides: its node writes
+                            # its beat again each tick; one more --heartbeat-timeout for it.
+                            waited_past.add(i)
+                            watch.again(i, now)
+                            log.warning(
+                                "store tampering suspected at %s: %s; waiting past it",
                                 every[i],
                                 beats.tampered[i],
                             )
+                            continue
                         on_silent(i)
             except Exception as exc:
                 if not stop.is_set():
@@ -245,6 +252,12 @@ class Silence:
         self.counts: list[int] = []
         self.since: list[float] = []
         self.reported: set[int] = set()
+
+    def again(self, peer: int, now: float) -> None:
+        """`peer`'s clock starts again now (named once more when it stays silent)."""
+        self.reported.discard(peer)
+        if peer < len(self.since):
+            self.since[peer] = now
 
     def silent(self, counts: Sequence[int], now: float) -> list[int]:
         if len(self.counts) != len(counts):  # the first tick: every clock starts now
