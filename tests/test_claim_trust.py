@@ -72,6 +72,21 @@ def test_a_second_agent_with_the_same_index_is_refused_naming_the_first(server) 
     assert "h1" in caught.value.message and "pid" in caught.value.message
 
 
+@pytest.mark.parametrize("tamper", ["deleted", "set back", "garbage"])
+def test_a_second_agent_is_refused_though_the_claim_counter_went_back(server, tamper) -> None:
+    """An outsider deletes, sets back or garbles the counter (garbage: our client resets it):
+    the second agent's ticket is the first one's again; the sealed claim there refuses it."""
+    member(server).claim("h1", wait=WAIT)
+    evil, counter = outsider(server), claim_counter(server)
+    if tamper == "deleted":
+        evil.delete_key(counter)
+    else:
+        evil.set(counter, b"0" if tamper == "set back" else b"garbage")
+    with pytest.raises(AgentError) as caught:
+        member(server).claim("h1", wait=WAIT)
+    assert "node 1 (h1) is already taken" in caught.value.message
+
+
 def test_a_later_claimant_waits_for_an_earlier_ticket_that_is_being_written(server) -> None:
     """Two agents started at once: the one with the later ticket sees the earlier one's
     sealed claim though it is written after the later one looks."""
@@ -93,3 +108,23 @@ def test_a_later_claimant_waits_for_an_earlier_ticket_that_is_being_written(serv
     thread.join(30)
     assert not thread.is_alive()
     assert refused and "already taken" in refused[0].message
+
+
+@pytest.mark.parametrize("tamper", ["deleted", "garbage"])
+def test_hosts_read_after_the_join_wait_past_a_tampered_note_within_a_bound(server, tamper) -> None:
+    """Issue 35: node 0 read the hosts (for each attempt's seating) waiting for ever past a
+    host announcement an outsider garbled after the join: the job hung. Now it waits
+    HOSTS_WAIT s at most and that host is unknown."""
+    from agent.node.membership import HOSTS_WAIT
+
+    first, second = member(server, 0), member(server, 1)
+    first.scope.put("in/0", {"host": "h0"})
+    second.scope.put("in/1", {"host": "h1"})
+    key = first.scope.key("in", 1)
+    if tamper == "deleted":
+        outsider(server).delete_key(key)
+    else:
+        outsider(server).set(key, b"garbage")
+    start = time.monotonic()
+    assert first.hosts() == ["h0", ""]
+    assert time.monotonic() - start <= HOSTS_WAIT + 5

@@ -39,6 +39,20 @@ def test_silence_names_each_peer_once_after_lost_after(ticks, silent) -> None:
     assert [watch.silent(counts, now) for now, counts in ticks] == silent
 
 
+@pytest.mark.parametrize(
+    ("ticks", "silent"),
+    [
+        ([(0.0, [1, 0]), (7.0, [2, 0]), (29.0, [3, 0]), (31.0, [4, 0])], [[], [], [], [1]]),
+        ([(0.0, [1, 0]), (20.0, [2, 5]), (27.0, [3, 5])], [[], [], [1]]),  # then lost_after
+    ],
+)
+def test_a_peer_without_a_sealed_beat_yet_has_the_first_beats_bound(ticks, silent) -> None:
+    """Issue 35: an outsider's value where a peer's first beat goes, then deleted, made node 0
+    count a still-connecting peer lost after lost_after; only a sealed beat starts that clock."""
+    watch = Silence(own=0, lost_after=6.0, first_after=30.0)
+    assert [watch.silent(counts, now) for now, counts in ticks] == silent
+
+
 # -- heartbeats against a counting fake store ---------------------------------------------
 class FakeStore:
     """The Store calls heartbeats make, in memory, each query counted (`ops`: name, keys)."""
@@ -281,3 +295,12 @@ def test_a_peer_whose_heartbeat_stops_is_named_by_node_0_over_the_real_store(ser
     for stop in stops:
         stop.set()
     assert silent == [2] and not lost
+
+
+def test_a_peer_waited_past_once_is_named_again_after_another_lost_after() -> None:
+    """Issue 35: node 0 waits past a tampered beat (deleted, forged) once: `again` restarts
+    that peer's clock; a dead node is still named, one --heartbeat-timeout later."""
+    watch = Silence(own=0, lost_after=6.0)
+    assert watch.silent([1, 1], 0.0) == [] and watch.silent([2, 1], 7.0) == [1]
+    watch.again(1, 7.0)
+    assert watch.silent([3, 1], 12.0) == [] and watch.silent([4, 1], 13.5) == [1]

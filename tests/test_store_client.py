@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import select
 import socket
 import subprocess
 import sys
 import threading
+import time
 from datetime import timedelta
 
 import pytest
@@ -211,3 +213,74 @@ def test_a_one_node_job_restarts_with_rank_0_hosting_the_store_again(tmp_path, f
     assert first[:2] == ["attempt", "0"] and second[:2] == ["attempt", "1"]
     if fixed_port:
         assert first[3] == second[3] == port[1]
+
+
+@pytest.mark.parametrize("garbage", [b"garbage", b"", b"{}", b"9" * 30])
+def test_a_counter_an_outsider_set_to_a_non_number_is_reset_not_the_end_of_the_store(
+    server, garbage
+) -> None:
+    """torch's server closes the connection of a client whose add() meets a value that is not a
+    number. Anyone may set one over our counters (the tampering fuzzer found it: the agent's
+    add() then said "lost the job store", exit 3): the store is still there, so the counter is
+    reset and added to again, on a fresh connection that goes on answering."""
+    ours = _ours(server)
+    outsider = TCPStore(
+        "127.0.0.1", server.port, is_master=False, wait_for_workers=False,
+        timeout=timedelta(seconds=10),
+    )  # fmt: skip
+    ours.add("wake", 3)
+    outsider.set("wake", garbage)
+    assert ours.add("wake", 1) == 1
+    outsider.set("b", garbage)
+    assert ours.add_all(["a", "b", "c"], 2) == [2, 2, 2]  # a: added before the close, once
+    assert server.get("a") == b"2" and ours.get("wake") == b"1"
+
+
+def test_a_server_gone_after_an_add_is_still_reported_as_closed() -> None:
+    server = TCPStore(
+        "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=5)
+    )
+    ours = _ours(server)
+    del server  # torch's server stops with its last reference: no new connection is answered
+    with pytest.raises(StoreClosed):
+        ours.add("n", 1)
+
+
+def _closed_by_the_server(client: StoreClient) -> None:
+    """A byte torch's server cannot parse: it closes the connection (as it does on what an
+    outsider's writes can lead to), the store itself still up."""
+    client._sock.sendall(b"\xff")
+    assert select.select([client._sock], [], [], 10)[0], "the server kept the connection"
+
+
+@pytest.mark.parametrize("query", ["wait", "get", "multi_get", "check", "set", "add"])
+def test_a_query_goes_on_over_a_fresh_connection_when_the_server_closed_ours(server, query) -> None:
+    """Only a store that answers no new connection is lost (issue 35: an agent waiting in the
+    join barrier said 'lost the job store' while node 0's server was up). A counter that holds
+    a number is not reset: the close had another cause."""
+    ours = _ours(server)
+    server.set("k", b"5")
+    _closed_by_the_server(ours)
+    if query == "wait":
+        ours.wait(["k"], 10)
+    elif query == "get":
+        assert ours.get("k") == b"5"
+    elif query == "multi_get":
+        assert ours.multi_get(["k", "k"]) == [b"5", b"5"]
+    elif query == "check":
+        assert ours.check(["k"])
+    elif query == "set":
+        ours.set("n", b"x")
+        assert ours.get("n") == b"x"
+    else:
+        assert ours.add("k", 1) == 6
+    assert ours.check(["k"]) and server.get("k") == (b"6" if query == "add" else b"5")
+
+
+def test_a_wait_over_a_fresh_connection_keeps_its_deadline(server) -> None:
+    ours = _ours(server)
+    _closed_by_the_server(ours)
+    start = time.monotonic()
+    with pytest.raises(StoreTimeout):
+        ours.wait(["never"], 1.0)
+    assert time.monotonic() - start < 5

@@ -5,16 +5,18 @@ only, and a wait that never gets one ends as suspected tampering."""
 from __future__ import annotations
 
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from datetime import timedelta
 
 import pytest
+from cluster import wait_for
 from torch.distributed import TCPStore
 
-from agent.errors import AgentError, ExitCode
+from agent.errors import ExitCode
 from agent.node.failure import Failure, Kind
-from agent.node.scope import Scope
+from agent.node.scope import LOOK_FIRST, Scope
 from agent.node.sealed import Tampered
 from agent.node.store import Endpoint, Store
 from agent.node.store_client import StoreClient
@@ -82,16 +84,32 @@ def test_a_bumped_count_and_a_forged_done_do_not_end_a_barrier(server) -> None:
     assert KEYS.unseal(evil.get(first.key("done")), first.key("done"), "done") == {}
 
 
-def test_a_barrier_whose_counter_was_reset_ends_as_suspected_tampering(server) -> None:
+@pytest.mark.parametrize("tamper", ["set back", "deleted", "garbage", "first note deleted"])
+def test_a_barrier_whose_counter_was_tampered_with_still_ends_on_the_sealed_notes(
+    server, tamper
+) -> None:
+    """The count only wakes (issue 35): set back, deleted or garbled after the first agent
+    arrived, the last one never counts to 2; a note deleted, the count is right but the notes
+    are not all in. Either way the barrier ends within a look past the counter (LOOK_FIRST s,
+    the first agent writing its note again), never at its timeout."""
     first, second, evil = scope(server, 0), scope(server, 1), outsider(server)
     with ThreadPoolExecutor(1) as pool:
-        waiting = pool.submit(first.barrier, 2, 2.0, NAMES)
-        evil.set(first.key("arrived"), b"-5")  # the last agent never counts to 2
-        with pytest.raises(AgentError) as excinfo:
-            second.barrier(2, 2.0, NAMES)
-        with pytest.raises(AgentError):
-            waiting.result(timeout=30)
-    assert "store tampering suspected at" in excinfo.value.message
+        waiting = pool.submit(first.barrier, 2, 30.0, NAMES)
+        wait_for(lambda: evil.check([first.key("arrived")]), 10, "the first arrival")
+        if tamper == "set back":
+            evil.set(first.key("arrived"), b"-5")
+        elif tamper == "deleted":
+            evil.delete_key(first.key("arrived"))
+        elif tamper == "garbage":
+            evil.set(first.key("arrived"), b"garbage")
+        else:
+            evil.delete_key(first.key("in", 0))
+        start = time.monotonic()
+        second.barrier(2, 30.0, NAMES)
+        waiting.result(timeout=30)
+        took = time.monotonic() - start
+    assert took <= LOOK_FIRST + 10, f"{took:.1f}s: the barrier waited for its counter"
+    assert KEYS.unseal(evil.get(first.key("in/0")), first.key("in/0"), "note") == {}
 
 
 def test_a_forged_round_end_leaves_node_0_waiting_only_until_the_rounds_deadline(server) -> None:
@@ -114,6 +132,24 @@ def test_a_forged_round_end_leaves_node_0_waiting_only_until_the_rounds_deadline
     assert found[0][0] == Health() and found[0][1] is None  # member 1 sent no sealed report
 
 
+def test_node_0_gathers_the_reports_though_their_counter_was_deleted(server) -> None:
+    """The count only wakes (issue 35): deleted between two reports, the last reporter never
+    counts to 2 and sets no `health-done`; node 0 looks at the reports themselves within 1 s,
+    not at the end of the round (--health-timeout and the slack)."""
+    from agent.run.health import Health
+    from agent.run.lineup import gather, post_health
+
+    leader, member = scope(server, 0, "r0/l0", ("health-done",)), scope(server, 1, "r0/l0")
+    post_health(member, Health(), 2)
+    outsider(server).delete_key(leader.key("reported"))
+    post_health(leader, Health(), 2)
+    start = time.monotonic()
+    found = gather(leader, [0, 1], set, 30.0)
+    took = time.monotonic() - start
+    assert found == {0: Health(), 1: Health()}
+    assert took <= 10, f"{took:.1f}s: node 0 waited for the counter"
+
+
 def test_node_0_whose_plan_was_deleted_ends_its_barrier_as_suspected_tampering(server) -> None:
     from agent.errors import PeerFailed
     from agent.run.prepare import prepare
@@ -134,3 +170,22 @@ def test_node_0_whose_plan_was_deleted_ends_its_barrier_as_suspected_tampering(s
         prepare(follower, world=None, plan=None, environ={}, read_topology=None, timeout=30,
                 names=NAMES)  # fmt: skip
     assert told.value.code == ExitCode.REFUSED and "store tampering suspected" in told.value.message
+
+
+def test_garbage_over_the_public_key_check_is_no_secret_mismatch(server) -> None:
+    """Issue 35: an outsider's garbage at `hello` ended a joining agent as a secret mismatch
+    (exit 4) and left node 0 waiting out the join. Now it is waited past, then the check is
+    skipped (a join with another secret is still refused by the rendezvous timeout); a
+    readable value that differs is still a mismatch."""
+    from agent.node.handshake import UNREADABLE_WAIT, check
+    from agent.node.trust import Refused
+
+    public = scope(server, 1).store.under("la/job/0/")
+    outsider(server).set(public.key("hello"), b"garbage")
+    start = time.monotonic()
+    check(public, KEYS, 1, 60.0, "node 0 (n0)")
+    assert time.monotonic() - start <= UNREADABLE_WAIT + 5
+    other = JobKeys.derive(b"another-secret", "job", "0")
+    public.set_json(public.key("hello"), {"check": other.check_value})
+    with pytest.raises(Refused):
+        check(public, KEYS, 1, 60.0, "node 0 (n0)")

@@ -13,12 +13,14 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from collections.abc import Callable
 
 from agent.node.store import Store
 from agent.node.trust import JobKeys, Refused, mismatch_message
 
 log = logging.getLogger("agent")
+UNREADABLE_WAIT = 5.0  # seconds an unreadable key check is waited past before joining anyway
 
 
 def announce(public: Store, keys: JobKeys) -> None:
@@ -28,9 +30,24 @@ def announce(public: Store, keys: JobKeys) -> None:
 
 def check(public: Store, keys: JobKeys, index: int, timeout: float, who: str) -> None:
     """Other agents: compare with node 0's value; on a mismatch tell node 0 and stop (exit 4)."""
-    if not public.wait([public.key("hello")], timeout):
-        return  # node 0 is older or slow: the rendezvous timeout will speak
-    theirs = _check_value(public.get_bytes(public.key("hello")))
+    deadline = time.monotonic() + timeout
+    pause = 0.1
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0 or not public.wait([public.key("hello")], left):
+            return  # node 0 is older or slow: the rendezvous timeout will speak
+        theirs = _check_value(public.get_bytes(public.key("hello")))
+        if theirs != "unreadable":
+            break
+        # Not node 0's value (it writes JSON): an outsider's garbage is waited past for
+        # UNREADABLE_WAIT s (issue 35: it ended the agent as a secret mismatch, exit 4), then
+        # the check is skipped: node 0 writes its value once, and a join with another secret
+        # is still refused by its rendezvous timeout.
+        if pause == 0.1:
+            log.warning("the key check at %s does not read; waiting past it", public.key("hello"))
+            deadline = min(deadline, time.monotonic() + UNREADABLE_WAIT)
+        time.sleep(min(pause, max(deadline - time.monotonic(), 0)))
+        pause = min(pause * 2, 1.0)
     if theirs != keys.check_value:
         public.set_json(public.key("mismatch"), {"index": index, "check": keys.check_value})
         raise Refused(mismatch_message(keys.check_value, theirs, who))

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 
 from agent.errors import AgentError, ExitCode
 from agent.node.scope import Scope
-from agent.node.sealed import tell_refused
+from agent.node.sealed import Tampered, tell_refused
 from agent.node.store import Store
 from agent.node.trust import JobKeys, Refused
 from agent.text import printable
@@ -31,6 +31,7 @@ TICKS_PER_SECOND = 2048
 # (written one query after their ticket was taken); a ticket an outsider took costs it once.
 CLAIM_WAIT = 3.0
 CLAIM_WINDOW = 64  # earlier tickets looked at: two agents of one index take theirs together
+HOSTS_WAIT = 3.0  # seconds node 0 waits past a host announcement an outsider deleted or garbled
 SCOPE = "m"  # the membership's keys: claims, the join, beats, departures (gone/<index>)
 
 
@@ -57,6 +58,7 @@ class Membership:
         self.index = index
         self.names = names  # "node 3 (n4)" per agent, for messages
         self.scope = Scope(store, SCOPE, index, keys, wakes=("done",))
+        self._hosts: list[str] | None = None
 
     def claim(self, host: str, wait: float = CLAIM_WAIT) -> None:
         """Take this node index for the job, once: a second agent with the same one is refused
@@ -68,16 +70,17 @@ class Membership:
         only on a sealed claim of an earlier ticket that is not its own: a later ticket waits
         (`wait` seconds at most) for the earlier ones' records, which their agents write right
         after taking them. A ticket an outsider took with `add()` never gets a record: it costs
-        that wait once and refuses no one."""
+        that wait once and refuses no one. A ticket that already has a sealed claim (an outsider
+        deleted or reset the counter: it went back) counts as an earlier one."""
         ticket = self.store.add(self.scope.key("claim", self.index))
         mine = {"i": self.index, "ticket": ticket, "host": host, "pid": os.getpid()}
         mine["nonce"] = secrets.token_hex(8)
+        held = self.scope.get_if(f"claim/{self.index}/{ticket}", "node claim")
         self.scope.put(f"claim/{self.index}/{ticket}", mine)
         earlier = [f"claim/{self.index}/{t}" for t in range(max(1, ticket - CLAIM_WINDOW), ticket)]
         if earlier:
             self.store.wait([self.scope.key(name) for name in earlier], wait)
-        for name in earlier:
-            other = self.scope.get_if(name, "node claim")
+        for other in [held, *(self.scope.get_if(name, "node claim") for name in earlier)]:
             if other is None or other.get("i") != self.index or other.get("nonce") == mine["nonce"]:
                 continue
             raise AgentError(
@@ -90,12 +93,33 @@ class Membership:
         self.host = host
 
     def join(self, timeout: float) -> None:
+        self._hosts = None
         self.scope.barrier(self.agents, timeout, self.names, {"host": self.host})
 
     def hosts(self) -> list[str]:
-        """Every agent's host as it announced itself when joining (after the barrier)."""
-        notes = self.scope.get_all([f"in/{i}" for i in range(self.agents)], "host announcement")
-        return [str(note.get("host", "")) for note in notes]
+        """Every agent's host as it announced itself when joining (after the barrier), read
+        once. A note an outsider deleted or garbled since is waited past for HOSTS_WAIT seconds
+        at most, then that host is unknown (""): a tampered note delays, never hangs a run."""
+        if self._hosts is not None:
+            return self._hosts
+        names = [f"in/{i}" for i in range(self.agents)]
+        if self.store.exists_all([self.scope.key(name) for name in names]):
+            try:
+                notes = self.scope.get_all(names, "host announcement", 0.001)
+                self._hosts = [str(note.get("host", "")) for note in notes]
+                return self._hosts
+            except Tampered:
+                pass
+        deadline = time.monotonic() + HOSTS_WAIT
+        hosts = []
+        for name in names:
+            note = self.scope.get_if(name, "host announcement")
+            while note is None and time.monotonic() < deadline:
+                time.sleep(0.25)  # only an outsider's write leads here: a few polls, bounded
+                note = self.scope.get_if(name, "host announcement")
+            hosts.append("" if note is None else str(note.get("host", "")))
+        self._hosts = hosts
+        return hosts
 
     def leaving(self, why: str | None = None) -> None:
         """Our silence from now on is a departure (why=None: an orderly one), not a loss."""
@@ -137,9 +161,10 @@ class Membership:
 
         def run() -> None:
             ticks = 0
-            watch = Silence(self.index, lost_after) if on_silent is not None else None
+            watch = Silence(self.index, lost_after, FIRST_TICK) if on_silent is not None else None
             every = tuple(beat.key("hb", i) for i in range(self.agents)) if watch else ()
             beats = Beats(keys, every)
+            waited_past: set[int] = set()
             try:
                 if watch is not None:
                     beat.wait(every, FIRST_TICK)
@@ -151,14 +176,21 @@ class Membership:
                     if watch is None:
                         continue
                     seqs = beats.read(beat.multi_get(every, present=True))
-                    for i in watch.silent(seqs, time.monotonic()):
-                        if beats.tampered[i]:
-                            log.error(
-                                "store tampering suspected at %s: %s",
+                    now = time.monotonic()
+                    for i in watch.silent(seqs, now):
+                        if beats.tampered[i] and i not in waited_past:
+                            # A deletion or forgery delays, never decides: its node writes
+                            # its beat again each tick; one more --heartbeat-timeout for it.
+                            waited_past.add(i)
+                            watch.again(i, now)
+                            log.warning(
+                                "store tampering suspected at %s: %s; waiting past it",
                                 every[i],
                                 beats.tampered[i],
                             )
-                        on_silent(i)
+                            continue
+                        if on_silent is not None:  # node 0's watch: `leader`
+                            on_silent(i)
             except Exception as exc:
                 if not stop.is_set():
                     on_lost(
@@ -211,13 +243,22 @@ class Silence:
     """Node 0's view of the heartbeats: which peers stopped beating (each named once).
 
     `silent` is fed every peer's newest beat number at each tick; a peer whose number has not
-    moved for more than `lost_after` seconds is returned (once). O(N) per tick, no allocation per unchanged peer."""
+    moved for more than `lost_after` seconds is returned (once). O(N) per tick, no allocation per unchanged peer.
+    A peer with no sealed beat yet (0) has `first_after` seconds: an outsider's value where its
+    first beat goes, then deleted, only delays (its agent may still be connecting)."""
 
-    def __init__(self, own: int, lost_after: float) -> None:
+    def __init__(self, own: int, lost_after: float, first_after: float | None = None) -> None:
         self.own, self.lost_after = own, lost_after
+        self.first_after = lost_after if first_after is None else max(first_after, lost_after)
         self.counts: list[int] = []
         self.since: list[float] = []
         self.reported: set[int] = set()
+
+    def again(self, peer: int, now: float) -> None:
+        """`peer`'s clock starts again now (named once more when it stays silent)."""
+        self.reported.discard(peer)
+        if peer < len(self.since):
+            self.since[peer] = now
 
     def silent(self, counts: Sequence[int], now: float) -> list[int]:
         if len(self.counts) != len(counts):  # the first tick: every clock starts now
@@ -225,10 +266,13 @@ class Silence:
             return []
         found = []
         last, since, limit = self.counts, self.since, now - self.lost_after
+        first = now - self.first_after
         for i, count in enumerate(counts):
             if count != last[i]:
                 last[i], since[i] = count, now
-            elif since[i] < limit and i != self.own and i not in self.reported:
+            elif (
+                since[i] < (limit if count else first) and i != self.own and i not in self.reported
+            ):
                 self.reported.add(i)
                 found.append(i)
         return found

@@ -23,6 +23,8 @@ from agent.node.store import Store
 from agent.node.trust import JobKeys, Refused
 
 log = logging.getLogger("agent")
+LOOK_FIRST = 1.0  # seconds a barrier waits before it looks past its counter, doubling...
+LOOK_MAX = 8.0  # ...up to this: an outsider's delete or reset of the count costs this at most
 
 
 # torch's TCPStore refuses values over 8 MiB (MAX_PAYLOAD_LEN) by closing the connection.
@@ -184,7 +186,8 @@ class Scope:
         not waited for. A failure reported in this phase wakes it at once; a timeout names who
         never came. `doing`: what the others are still doing, for the user ("to join")."""
         s = self.store
-        self.put(f"in/{self.index}", note or {})
+        mine = f"in/{self.index}"
+        self.put(mine, note or {})
         count = s.add(self.key("arrived"))
         expected = agents - len(absent)
         waited = [i for i in range(agents) if i not in absent]
@@ -202,13 +205,39 @@ class Scope:
             if failure is not None:
                 raise PeerFailed(could_not(failure, names), refused=refused(failure))
 
-        arrived = s.wait([done], timeout)
-        woken()
+        def look() -> None:
+            """Past the counter, which an outsider may delete, reset or bump: our own note
+            written again if it is gone or does not open, and the done record written by
+            whoever finds every sealed note in (the first awaited agent looks each time; the
+            others when the count says so: a full look costs a query of every note)."""
+            if self.get_if(mine, "host announcement") is None:
+                self.put(mine, note or {})
+            if (self.index == waited[0] or s.add(self.key("arrived"), 0) >= expected) and (
+                s.exists_all([self.key("in", i) for i in waited]) and self._all_in(waited)
+            ):
+                self.put("done", {})
+
+        arrived = False
+        pause = LOOK_FIRST
+        while not arrived:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            arrived = s.wait([done], min(pause, left))
+            woken()
+            if not arrived:
+                look()
+                pause = min(pause * 2, LOOK_MAX)
         if arrived:
             left = max(deadline - time.monotonic(), 0.001)
+
+            def woken_or_look() -> None:  # garbage over the done record: written again
+                woken()
+                look()
+
             try:
                 data = s.get_bytes(done, present=True)
-                read_sealed(s, self.keys, done, "barrier record", data, left, woken=woken)
+                read_sealed(s, self.keys, done, "barrier record", data, left, woken=woken_or_look)
                 return
             except Tampered as exc:
                 tampered: Tampered | None = exc

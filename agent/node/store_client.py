@@ -7,23 +7,41 @@ as expected raises `ProtocolMismatch`, and the caller falls back to torch's clie
 
 from __future__ import annotations
 
+import logging
 import os
+import re
+import select
 import socket
 import struct
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 from agent.node import store_wire as wire
 
 _CHUNK = 1 << 16  # bytes asked of the socket at a time
 PIPELINE = 1024  # queries sent before their answers are read (neither side's buffer fills)
 DEFERRED_CONNECT = 2.0  # seconds a deferred client retries a refused connect
+REPAIRS = 20  # counters reset in a row (each after an outsider's non-number) before giving up
+RECONNECTS = 5  # fresh connections one query takes in a row before the store counts as gone
+NUMBER = re.compile(rb"\s*[-+]?\d{1,18}")  # what the server's add reads as a number (stoll)
+log = logging.getLogger("agent")
+T = TypeVar("T")
 
 
 # RuntimeError subclasses, like torch's DistStoreError, so callers handle both clients alike.
 class ProtocolMismatch(RuntimeError):
     """The server speaks another TCPStore dialect (a torch version we do not know)."""
+
+
+class _Silent(ProtocolMismatch):
+    """No answer to the handshake (none in time, or the connection closed): tried again on a
+    new connection (torch 2.13's server leaves about 1 new connection in 50 unanswered for
+    ~5 s); a server that answers something else is a mismatch at once."""
+
+
+HANDSHAKES = (2.0, 4.0, 8.0)  # seconds each try at the handshake waits for its answer
 
 
 class StoreTimeout(RuntimeError):
@@ -48,32 +66,48 @@ class StoreClient:
 
     @classmethod
     def connect(
-        cls, host: str, port: int, timeout: float, op_timeout: float | None = None
+        cls,
+        host: str,
+        port: int,
+        timeout: float,
+        op_timeout: float | None = None,
+        patient: bool = True,
     ) -> StoreClient:
         """Connect, retrying while refused (the server may start later), then shake hands.
 
         `op_timeout`: a query other than wait that gets no answer for this long raises
         TimeoutError, so a server that vanished without closing the connection (a dead host, a
-        partition) is noticed instead of blocking forever.
+        partition) is noticed instead of blocking forever. `patient=False`: a refused connect
+        is not retried (the server answered before: refused now, it is gone).
         """
         deadline = time.monotonic() + timeout
-        while True:
+        for tries, wait in enumerate(HANDSHAKES, 1):
+            while True:
+                try:
+                    sock = socket.create_connection(
+                        (host, port), timeout=max(0.1, deadline - time.monotonic())
+                    )
+                    break
+                except OSError as exc:
+                    if not patient or not wire.transient(exc):
+                        raise  # e.g. a host name that does not resolve: waiting will not help
+                    if time.monotonic() >= deadline:
+                        raise TimeoutError(
+                            f"no store at {host}:{port} after {timeout:g}s"
+                        ) from None
+                    time.sleep(0.05)  # a refused connect returns at once: pace the retries
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            client = cls(sock, op_timeout)
+            client._address = (host, port)
             try:
-                sock = socket.create_connection(
-                    (host, port), timeout=max(0.1, deadline - time.monotonic())
-                )
-                break
-            except OSError as exc:
-                if not wire.transient(exc):
-                    raise  # e.g. a host name that does not resolve: waiting will not help
-                if time.monotonic() >= deadline:
-                    raise TimeoutError(f"no store at {host}:{port} after {timeout:g}s") from None
-                time.sleep(0.05)  # a refused connect returns at once: pace the retries
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        client = cls(sock, op_timeout)
-        client._handshake(min(10.0, max(1.0, deadline - time.monotonic())))
-        sock.settimeout(op_timeout)
-        return client
+                client._handshake(max(1.0, min(wait, deadline - time.monotonic())))
+            except _Silent:
+                if tries == len(HANDSHAKES) or time.monotonic() >= deadline:
+                    raise
+                continue
+            sock.settimeout(op_timeout)
+            return client
+        raise AssertionError("unreachable")
 
     @classmethod
     def deferred(cls, host: str, port: int, op_timeout: float | None = None) -> StoreClient:
@@ -84,15 +118,22 @@ class StoreClient:
         client._address = (host, port)
         return client
 
+    @property
+    def _live(self) -> socket.socket:
+        """The connection a query goes over (a deferred one is opened by `_send` first)."""
+        if self._sock is None:
+            raise StoreClosed("store connection not open")
+        return self._sock
+
     def _handshake(self, timeout: float) -> None:
         nonce = int.from_bytes(os.urandom(4), "little")
-        self._sock.settimeout(timeout)
+        self._live.settimeout(timeout)
         try:
-            self._sock.sendall(struct.pack("<BIBI", wire.VALIDATE, wire.MAGIC, wire.PING, nonce))
+            self._live.sendall(struct.pack("<BIBI", wire.VALIDATE, wire.MAGIC, wire.PING, nonce))
             echoed = struct.unpack("<I", self._recv(4))[0]
-        except (OSError, StoreClosed) as exc:
+        except (OSError, StoreClosed) as exc:  # silent, or closed without a word: again
             self.close()
-            raise ProtocolMismatch(f"no answer to the handshake ({exc})") from None
+            raise _Silent(f"no answer to the handshake ({exc})") from None
         if echoed != nonce:
             self.close()
             raise ProtocolMismatch("the server answered the handshake with something else")
@@ -100,53 +141,131 @@ class StoreClient:
     # -- queries (the subset the agents use) ----------------------------------------------
     def set(self, key: str, value: bytes | str) -> None:
         data = value.encode() if isinstance(value, str) else bytes(value)
+        query = bytes([wire.SET]) + wire.blob(wire.key_bytes(key)) + wire.blob(data)
         with self._lock:
-            self._send(bytes([wire.SET]) + wire.blob(wire.key_bytes(key)) + wire.blob(data))
+            self._again(lambda: self._send(query))
 
     def get(self, key: str, wait: bool = True) -> bytes:
         """Blocks until the key exists, like torch's get; `wait=False`: the caller knows it
         exists (it waited for it, or checked it): one round trip instead of two."""
-        with self._lock:
+
+        def query() -> bytes:
             if wait:
                 self._wait([key], None)
             self._send(bytes([wire.GET]) + wire.blob(wire.key_bytes(key)))
             return self._recv_blob()
 
-    def add(self, key: str, amount: int) -> int:
         with self._lock:
-            self._send(wire.add_request(key, amount))
-            return struct.unpack("<q", self._recv(8))[0]
+            return self._again(query)
+
+    def add(self, key: str, amount: int) -> int:
+        return self.add_all([key], amount)[0]
 
     def add_all(self, keys: Sequence[str], amount: int) -> list[int]:
-        """`add` to every key, the queries pipelined: a round trip per PIPELINE keys."""
+        """`add` to every key, the queries pipelined: a round trip per PIPELINE keys.
+
+        torch's server closes the connection of a client whose `add` finds a value that is not
+        a number (anyone may `set` one over a counter): the store is not lost then. When a new
+        connection is answered, the counters of the batch that the server refused to add to are
+        reset to 0 and added to again (an outsider's garbage delays, never ends the job; our
+        counters only wake readers, who decide from sealed records)."""
         found: list[int] = []
         with self._lock:
             for at in range(0, len(keys), PIPELINE):
                 part = keys[at : at + PIPELINE]
-                self._send(b"".join(wire.add_request(key, amount) for key in part))
-                found += [struct.unpack("<q", self._recv(8))[0] for _ in part]
+                for tries in range(REPAIRS + 1):
+                    done = len(found)
+                    try:
+                        self._send(b"".join(wire.add_request(key, amount) for key in part))
+                        for _ in part:
+                            found.append(struct.unpack("<q", self._recv(8))[0])
+                        break
+                    except StoreClosed:
+                        if tries == REPAIRS or not self._reconnect():
+                            raise
+                    part = part[len(found) - done :]  # answered before the close: added
+                    self._repair(part[0])
         return found
 
+    def _repair(self, key: str) -> None:
+        """After the server closed the connection on an `add` to `key`: a value there that is
+        not a number (anyone may set one over a counter) is reset to 0, or every add to it
+        would close the connection again. A number is left as it is (the close had another
+        cause; the add is sent again and may count twice: counters only wake readers)."""
+        self._send(bytes([wire.GET]) + wire.blob(wire.key_bytes(key)))
+        if NUMBER.fullmatch(self._recv_blob()):
+            return
+        log.warning(
+            "the job store closed this agent's connection on `add` to %s: a value there is not "
+            "a number (an outsider's?); reset to 0 and added again",
+            key,
+        )
+        self._send(bytes([wire.SET]) + wire.blob(wire.key_bytes(key)) + wire.blob(b"0"))
+
+    def _again(self, query: Callable[[], T]) -> T:
+        """`query` (one that may be sent twice: a read, a wait, a set), on a fresh connection
+        when the server closed ours while a new one is answered: torch's server closes a
+        client's connection on what it cannot parse or process, and an outsider's writes can
+        lead there. The store counts as lost only when no new connection is answered."""
+        for tries in range(RECONNECTS + 1):
+            try:
+                return query()
+            except StoreClosed as exc:
+                if tries == RECONNECTS or not self._reconnect():
+                    raise
+                log.warning(
+                    "the job store closed this agent's connection (%s); connected again", exc
+                )
+        raise AssertionError("unreachable")
+
+    def _reconnect(self) -> bool:
+        """A fresh connection to the same server (False: none answers: the store is gone)."""
+        if self._address is None:
+            return False
+        self.close()
+        self._buf.clear()
+        self._pos = 0
+        try:
+            fresh = StoreClient.connect(  # refused: gone at once; silent: each handshake
+                *self._address, sum(HANDSHAKES), self._op_timeout, patient=False
+            )
+        except (OSError, RuntimeError):
+            return False
+        self._sock = fresh._sock
+        return True
+
     def check(self, keys: Sequence[str]) -> bool:
-        with self._lock:
-            self._send(bytes([wire.CHECK]) + wire.keys_bytes(keys))
+        query = bytes([wire.CHECK]) + wire.keys_bytes(keys)
+
+        def ask() -> bool:
+            self._send(query)
             return self._recv(1)[0] == wire.READY
+
+        with self._lock:
+            return self._again(ask)
 
     def wait(self, keys: Sequence[str], timeout: float | None) -> None:
         """Block until every key exists; StoreTimeout after `timeout` seconds (None: forever)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
         with self._lock:
-            self._wait(keys, timeout)
+            self._again(
+                lambda: self._wait(keys, None if deadline is None else deadline - time.monotonic())
+            )
 
     def multi_get(self, keys: Sequence[str], wait: bool = True) -> list[bytes]:
         """Every key's value; `wait=False` when the caller knows they all exist (one round trip
         instead of two). A tuple of keys asked again is not encoded again (node 0's heartbeat
         reads the same N counters every second)."""
-        with self._lock:
+
+        def query() -> list[bytes]:
             encoded = self._encode(keys)
             if wait:
                 self._wait(keys, None, encoded)
             self._send(bytes([wire.MULTI_GET]) + encoded)
             return [self._recv_blob() for _ in range(len(keys))]
+
+        with self._lock:
+            return self._again(query)
 
     def close(self) -> None:
         try:
@@ -167,13 +286,13 @@ class StoreClient:
         self, keys: Sequence[str], timeout: float | None, encoded: bytes | None = None
     ) -> None:
         self._send(bytes([wire.WAIT]) + (encoded if encoded is not None else wire.keys_bytes(keys)))
-        self._sock.settimeout(None if timeout is None else max(timeout, 0.001))
+        self._live.settimeout(None if timeout is None else max(timeout, 0.001))
         try:
             answer = self._recv(1)[0]
         except TimeoutError:
             answer = None
         finally:
-            self._sock.settimeout(self._op_timeout)
+            self._live.settimeout(self._op_timeout)
         if answer == wire.STOP_WAITING:
             return
         if answer is not None:
@@ -193,10 +312,29 @@ class StoreClient:
             self._sock = StoreClient.connect(
                 *self._address, DEFERRED_CONNECT, self._op_timeout
             )._sock
+        elif self._ended():
+            raise StoreClosed("store connection closed by the server")
         try:
-            self._sock.sendall(data)
+            self._live.sendall(data)
         except OSError as exc:
             raise StoreClosed(f"store connection lost: {exc}") from None
+
+    def _ended(self) -> bool:
+        """Whether the server closed the connection since our last query: nothing is owed to us
+        between queries, so a socket that reads as its end is closed, and a `set` sent into it
+        would be lost without a word (it has no answer). One poll, no wait."""
+        if self._pos < len(self._buf):
+            return False
+        poller = select.poll()
+        poller.register(self._live, select.POLLIN)
+        if not poller.poll(0):
+            return False
+        try:
+            return not self._live.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return False
+        except OSError:
+            return True
 
     def _recv(self, size: int) -> bytes:
         """`size` bytes of the answer: from what was received already, else from the socket,
@@ -208,7 +346,7 @@ class StoreClient:
                 del buf[: self._pos]
                 self._pos = 0
             try:
-                chunk = self._sock.recv(max(_CHUNK, size - len(buf)))
+                chunk = self._live.recv(max(_CHUNK, size - len(buf)))
             except TimeoutError:
                 raise
             except OSError as exc:

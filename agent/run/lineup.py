@@ -93,8 +93,8 @@ def gather(
     gone = set(lost()) & set(members)
     if gone and scope.store.add(scope.key("reported"), len(gone)) == len(members):
         scope.store.set_bytes(scope.key("health-done"), b"")  # they never report: counted in
-    done = scope.store.wait([scope.key("health-done")], timeout + slack)
     expect = [i for i in members if i not in gone]
+    done = _reported(scope, [scope.key("health", i) for i in expect], deadline)
     names = [f"health/{i}" for i in expect]
     # The usual case: one round trip for every report. The counter only wakes: the reports
     # themselves must be there (an outsider's bump of the count would leave us waiting).
@@ -128,6 +128,22 @@ def gather(
         record = None if i in gone else scope.get_if(f"health/{i}", "health report")
         reports[i] = None if record is None else Health.from_json(record)
     return reports
+
+
+def _reported(scope: Scope, keys: list[str], deadline: float) -> bool:
+    """Whether every report (or a failure) came before the deadline: woken by `health-done`,
+    which the last reporter sets on its count, or, since an outsider may delete, reset or bump
+    that counter, by a look at the reports themselves (after 1 s, then less often)."""
+    pause = 1.0
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        if scope.store.wait([scope.key("health-done")], min(pause, left)):
+            return True
+        if scope.failure() is not None or scope.store.exists_all(keys):
+            return True
+        pause = min(pause * 2, 8.0)
 
 
 def _sealed(scope: Scope, names: list[str], deadline: float) -> list[dict[str, Any]] | None:
