@@ -119,3 +119,25 @@ def test_a_client_that_gives_up_says_what_it_saw(tmp_path, answer, says, remove)
     assert RETRY_FOR - 0.5 <= took <= RETRY_FOR + 10  # it kept trying for its window (1 s here)
     assert "tries over" in message
     listener.close()
+
+
+def test_the_last_descriptors_are_kept_for_the_jobs_own_work(tmp_path) -> None:
+    """Below its reserve of free descriptors node 0 turns a new peer away before reading a byte
+    (and says why); once descriptors are free again, a client is answered."""
+    free = {"now": 10}
+    endpoint = Endpoint(KEY, Echo(), free=lambda: free["now"], reserve=64)
+    endpoint.start()
+    try:
+        with socket.create_connection(("127.0.0.1", endpoint.port), timeout=10) as sock:
+            said = b""
+            while chunk := sock.recv(4096):
+                said += chunk
+        assert b"keeps its last 64 descriptors for the job's own work" in said, said
+        free["now"] = 1000
+        target, env = target_for(tmp_path, endpoint.port)
+        channel = client.open_channel(target, env, tmp_path)  # retries past a count not yet retaken
+        channel.send({"op": "status"})
+        assert channel.recv(10) == {"echo": {"op": "status"}}
+        channel.close()
+    finally:
+        endpoint.close()

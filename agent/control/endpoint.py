@@ -15,10 +15,12 @@ import logging
 import socket
 import threading
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from agent.control import wire
 from agent.errors import AgentError
+from agent.node.hosting import free_fds
 
 if TYPE_CHECKING:
     from agent.control.lifeline import Lifelines
@@ -29,6 +31,10 @@ REQUEST_TIMEOUT = 10.0  # an authenticated client's first request
 MAX_UNAUTHENTICATED = 64  # peers still proving themselves; more are turned away at once
 MAX_PER_PEER = 16  # of those, from one address: one host cannot take every slot
 SHORT_OF_FDS = 0.1  # seconds between accepts while the process has no descriptor left
+# Descriptors node 0 keeps for the job's own work (publishing a failure, the summary, the
+# history, a rank's files): a peer still proving itself is turned away below that.
+FDS_RESERVE = 64
+FDS_LOOK_EVERY = 0.2  # seconds between counts of the open descriptors (~1 µs each)
 
 
 class Handler(Protocol):
@@ -37,9 +43,17 @@ class Handler(Protocol):
 
 class Endpoint:
     def __init__(
-        self, auth_key: bytes, handler: Handler, lifelines: Lifelines | None = None
+        self,
+        auth_key: bytes,
+        handler: Handler,
+        lifelines: Lifelines | None = None,
+        free: Callable[[], int | None] = free_fds,  # descriptors this process may still open
+        reserve: int = FDS_RESERVE,
     ) -> None:
         self._key = auth_key
+        self._free, self._reserve = free, reserve
+        # the last count: when, free then (None: unknown), admitted since
+        self._fds: tuple[float, int | None, int] = (-FDS_LOOK_EVERY, None, 0)
         self._handler = handler
         self._lifelines = lifelines  # node 0: where agents' lifelines go once authenticated
         if socket.has_dualstack_ipv6():
@@ -96,12 +110,26 @@ class Endpoint:
     def _admit(self, host: str) -> str:
         """'' and a slot taken, or why the peer is turned away."""
         with self._lock:
+            if self._short_of_fds():
+                return f"node 0 keeps its last {self._reserve} descriptors for the job's own work"
             if sum(self._pending.values()) >= MAX_UNAUTHENTICATED:
                 return f"{MAX_UNAUTHENTICATED} connections are still authenticating"
             if self._pending.get(host, 0) >= MAX_PER_PEER:
                 return f"{MAX_PER_PEER} connections from {host} are still authenticating"
             self._pending[host] = self._pending.get(host, 0) + 1
+            looked, free, admitted = self._fds
+            self._fds = (looked, free, admitted + 1)
             return ""
+
+    def _short_of_fds(self) -> bool:
+        """Fewer free descriptors than the reserve: counted at most every FDS_LOOK_EVERY (at
+        4,096 agents a count is ~16 ms), in between less the peers admitted since. The accepted
+        connection's own descriptor is counted in."""
+        now = time.monotonic()
+        looked, free, admitted = self._fds
+        if now - looked >= FDS_LOOK_EVERY:
+            looked, free, admitted = self._fds = (now, self._free(), 0)
+        return free is not None and free - admitted < self._reserve
 
     def _release(self, host: str) -> None:
         with self._lock:
