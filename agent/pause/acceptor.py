@@ -10,12 +10,16 @@ forgotten.
 from __future__ import annotations
 
 import contextlib
+import errno
 import selectors
 import socket
 import threading
+import time
 from collections.abc import Callable
 
 POLL = 0.5  # seconds between looks at listeners closed meanwhile
+SHORT_OF_FDS = 0.1  # seconds between accepts while the process has no descriptor left
+_NO_FDS = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 
 _lock = threading.Lock()
 _selector: selectors.BaseSelector | None = None
@@ -51,7 +55,9 @@ def _loop(selector: selectors.BaseSelector) -> None:
             assert isinstance(listener, socket.socket)
             try:
                 conn, _ = listener.accept()
-            except OSError:  # taken by nobody, or the listener closed meanwhile
+            except OSError as exc:  # taken by nobody, or the listener closed meanwhile
+                if exc.errno in _NO_FDS:  # the rank waits in the backlog: no busy loop on it
+                    time.sleep(SHORT_OF_FDS)  # not a synchronisation: no event says "fds free"
                 continue
             conn.setblocking(True)
             key.data(conn)
