@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 
 import psutil
-from rich.console import Console
+from rich.console import Console, Group, RenderableType
 from rich.live import Live
 from rich.table import Table
 from rich.text import Text
@@ -39,7 +39,7 @@ class LiveView:
         self._saved: list = []  # the log handlers' streams while the table is up
         self._stopped = False
         self._live = Live(  # draws once already: every field the table reads is set above
-            console=console, refresh_per_second=2, transient=False, get_renderable=self._table
+            console=console, refresh_per_second=2, transient=False, get_renderable=self._view
         )
         self._lock = threading.Lock()
 
@@ -86,11 +86,15 @@ class LiveView:
                 Text.from_ansi(text), end="", highlight=False, markup=False, soft_wrap=True
             )
 
+    def _view(self) -> RenderableType:
+        """The table, and under it the job's line (node 0): as wide as the terminal, not as the
+        table (a table of small pids is narrower than `job: 1 of 2 ranks still running: ...`)."""
+        table = self._table()
+        caption = self.caption()
+        return Group(table, Text(caption, style="dim italic")) if caption else table
+
     def _table(self) -> Table:
-        caption = self.caption() or None
-        table = Table(
-            box=None, pad_edge=False, header_style="bold", caption=caption, caption_justify="left"
-        )
+        table = Table(box=None, pad_edge=False, header_style="bold")
         columns = ["rank", "host", "state", "pid", "cpu %", "rss", "silent"]
         clocks = self._clocks() if self._clocks is not None else None
         if clocks is not None:

@@ -200,18 +200,20 @@ def _append_once(path: Path, record: JobRecord, cap: int, busy: float) -> None:
 
 def migrate(con: sqlite3.Connection) -> int:
     """In the append's transaction: the database brought to VERSION (created, or its missing
-    columns added) and marked so; the version it had. A newer agent's is left as it is."""
+    columns added) and marked so; the version it had. A newer agent's keeps its version."""
     (version,) = con.execute("PRAGMA user_version").fetchone()
-    if isinstance(version, int) and version >= VERSION:
-        return version
+    version = version if isinstance(version, int) else 0
     for statement in _SCHEMA:
         con.execute(statement)
+    # Every version, a newer one too: a column this agent writes is there (adding one breaks no
+    # reader; a version 1 database, say, predates `stop`).
     for table, added in (("jobs", _ADDED), ("attempts", _ADDED_TO_ATTEMPTS)):
         have = _columns(con, table)
         for column, kind in added.items():
             if column not in have:
                 con.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
-    con.execute(f"PRAGMA user_version = {VERSION}")
+    if version < VERSION:
+        con.execute(f"PRAGMA user_version = {VERSION}")
     return version
 
 
