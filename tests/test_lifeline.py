@@ -135,7 +135,7 @@ SHORT = textwrap.dedent(
         def handle(self, channel, first):
             channel.send({"echo": first})
 
-    endpoint = Endpoint(bytes.fromhex(sys.argv[1]), Echo())
+    endpoint = Endpoint(bytes.fromhex(sys.argv[1]), Echo(), reserve=0)  # accept() itself short
     endpoint.start()
     hoard = []
     try:
