@@ -57,9 +57,7 @@ _ADDED = {
     "stop": "TEXT",  # a stop for preemption (agent.run.preemption's line)
 }
 _ADDED_TO_ATTEMPTS = {"failure_class": "TEXT", "held": "TEXT"}  # the same, for `attempts`
-# The database's version (PRAGMA user_version), migrated to at the next append; a reader reads
-# every version. 0: before versions were kept (any _ADDED column may be missing); 1: all above.
-VERSION = 1
+VERSION = 1  # PRAGMA user_version, set at an append; 0: kept none (_ADDED columns may miss)
 
 
 @dataclass(frozen=True)
@@ -136,10 +134,9 @@ def _append_at(
 
 
 def _busy(exc: sqlite3.OperationalError) -> bool:
-    code = getattr(exc, "sqlite_errorcode", None)  # Python 3.11+
-    if code is not None:
-        return code & 0xFF in (5, 6)  # SQLITE_BUSY, SQLITE_LOCKED (their names: 3.11+ too)
-    return "locked" in str(exc) or "busy" in str(exc)
+    code = getattr(exc, "sqlite_errorcode", None)  # Python 3.11+; 5, 6: SQLITE_BUSY, _LOCKED
+    busy = code & 0xFF in (5, 6) if code is not None else None
+    return busy if busy is not None else "locked" in str(exc) or "busy" in str(exc)
 
 
 def _append_once(path: Path, record: JobRecord, cap: int, busy: float) -> None:
@@ -205,8 +202,7 @@ def migrate(con: sqlite3.Connection) -> int:
     version = version if isinstance(version, int) else 0
     for statement in _SCHEMA:
         con.execute(statement)
-    # Every version, a newer one too: a column this agent writes is there (adding one breaks no
-    # reader; a version 1 database, say, predates `stop`).
+    # any version, a newer one too: a column this agent writes is added (that breaks no reader)
     for table, added in (("jobs", _ADDED), ("attempts", _ADDED_TO_ATTEMPTS)):
         have = _columns(con, table)
         for column, kind in added.items():
