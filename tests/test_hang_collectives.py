@@ -289,3 +289,75 @@ def test_the_probe_reads_the_entries_only_for_a_pending_collective_and_once(monk
     torch.status = {"0": {"last_enqueued_collective": "9", "last_completed_collective": "8"}}
     probe._groups(dist)
     assert torch.full_dumps == 2
+
+
+class _TwoRecorders:
+    """torch's CUDA build as the probe sees it: NCCL's groups in `_dump_nccl_trace_json`, the
+    other backends' in `_dump_fr_trace_json` (a CPU build has only the second)."""
+
+    def __init__(self, nccl: dict | None, generic: dict) -> None:
+        import types
+
+        recorders = {"_dump_fr_trace_json": _recorder(generic)}
+        if nccl is not None:
+            recorders["_dump_nccl_trace_json"] = _recorder(nccl)
+        self._C = types.SimpleNamespace(_distributed_c10d=types.SimpleNamespace(**recorders))
+
+
+def _recorder(groups: dict):
+    """groups: name -> (entered, completed); the entry of each pending collective."""
+    import json
+
+    def dump(include_collectives: bool, only_active: bool) -> str:
+        trace: dict = {
+            "pg_status": {
+                name: {"last_enqueued_collective": str(e), "last_completed_collective": str(c)}
+                for name, (e, c) in groups.items()
+            }
+        }
+        if include_collectives:
+            trace["entries"] = [
+                {"collective_seq_id": e, "profiling_name": "nccl:all_reduce",
+                 "process_group": [name, "pg"], "state": "scheduled"}
+                for name, (e, c) in groups.items() if e > c
+            ]  # fmt: skip
+        return json.dumps(trace)
+
+    return dump
+
+
+@pytest.mark.parametrize(
+    ("nccl", "generic", "expected"),
+    [
+        # a CUDA build, the job on NCCL: the generic recorder knows the groups but saw nothing
+        ({"0": (5, 4)}, {"0": (0, 0)}, {"0": (5, 4, [5])}),
+        ({"0": (5, 4)}, {}, {"0": (5, 4, [5])}),
+        # a CPU build (no NCCL recorder): gloo's collectives in the generic one
+        (None, {"0": (3, 2)}, {"0": (3, 2, [3])}),
+        # a CUDA build running gloo only
+        ({}, {"0": (3, 2)}, {"0": (3, 2, [3])}),
+        # NCCL's default group and a gloo side group, each pending in its own recorder
+        ({"0": (9, 8)}, {"1": (2, 1)}, {"0": (9, 8, [9]), "1": (2, 1, [2])}),
+        # one group name in both (cpu:gloo,cuda:nccl): the recorder that saw more
+        ({"0": (7, 7)}, {"0": (2, 1)}, {"0": (7, 7, [])}),
+        ({"0": (1, 1)}, {"0": (4, 3)}, {"0": (4, 3, [4])}),
+    ],
+)
+def test_the_probe_reads_the_recorder_that_saw_each_group(monkeypatch, nccl, generic, expected):
+    """A rank stuck in an NCCL collective showed no collective at all on a real H200 (the
+    probe read only the generic recorder, where NCCL's groups never record)."""
+    import types
+
+    from agent.hang.probe import sitecustomize as probe
+
+    groups = {name: object() for name in expected}
+    world = types.SimpleNamespace(pg_group_ranks={pg: {0: 0, 1: 1} for pg in groups.values()})
+    names = {id(pg): name for name, pg in groups.items()}
+    c10d = types.SimpleNamespace(_world=world, _get_process_group_name=lambda pg: names[id(pg)])
+    monkeypatch.setitem(sys.modules, "torch", _TwoRecorders(nccl, generic))
+    monkeypatch.setattr(probe, "_entries_seen", None)
+
+    found = probe._groups(types.SimpleNamespace(distributed_c10d=c10d))
+    assert {
+        g["name"]: (g["entered"], g["completed"], [e["seq"] for e in g["last"]]) for g in found
+    } == expected

@@ -81,6 +81,19 @@ def test_another_users_process_is_never_ours_even_below_the_agent():
     assert [(h.pid, h.user) for h in found.foreign] == [(700, "nobody"), (701, "nobody")]
 
 
+def test_the_agents_own_launchers_are_never_holders_but_their_other_children_are():
+    """A notebook or launcher script that holds a GPU and runs `python -m agent` (seen on an
+    H200: the node was called unusable after every attempt for its own parent)."""
+    found = scanned(
+        Proc(10, 1, UID, "sleeping", "python notebook.py", devices=DEV),
+        Proc(11, 10, UID, "sleeping", "bash -c python -m agent train.py"),
+        Proc(ME, 11, UID, "sleeping", "python -m agent train.py"),
+        Proc(12, 10, UID, "sleeping", "python eval.py", devices=DEV),  # the notebook's other child
+    )
+    assert found.ours == ()
+    assert [h.pid for h in found.foreign] == [12]
+
+
 def test_zombies_kept_pids_the_drivers_daemons_and_idle_processes_are_left_out():
     found = scanned(
         Proc(ME, 1, UID, "sleeping"),

@@ -185,9 +185,12 @@ def scan(
     orphaned to init — their agent is gone) and the other holders of a GPU. Never ours: another
     user's process, or one carrying the marker under another live process (the job's ranks of
     another agent on this node: a per-task world, loopback tests — that agent audits them),
-    or the driver's own daemons."""
+    or the driver's own daemons, or the agent's own ancestors (whatever started it: a launcher
+    script or notebook holding a GPU was there before the job and stays after it; seen on a
+    real GPU node, where it made the node unusable after every attempt)."""
     table = {p.pid: p for p in procs if p.status != psutil.STATUS_ZOMBIE}
     descent = _descendants(table, me)
+    launchers = _ancestors(table, me)
 
     def orphaned(proc: Proc) -> bool:
         """Its nearest ancestor without the marker is init (or gone)."""
@@ -202,7 +205,7 @@ def scan(
 
     ours, foreign = [], []
     for proc in table.values():
-        if proc.pid == me or proc.pid in keep:
+        if proc.pid == me or proc.pid in keep or proc.pid in launchers:
             continue
         mine = proc.uid == uid and (
             proc.pid in descent or (marker is not None and proc.marker == marker and orphaned(proc))
@@ -220,6 +223,15 @@ def scan(
 
 def _pid(holder: Holder) -> int:
     return holder.pid
+
+
+def _ancestors(table: Mapping[int, Proc], pid: int) -> set[int]:
+    found: set[int] = set()
+    proc = table.get(pid)
+    while proc is not None and proc.ppid > 1 and proc.ppid not in found:
+        found.add(proc.ppid)
+        proc = table.get(proc.ppid)
+    return found
 
 
 def _descendants(table: Mapping[int, Proc], root: int) -> set[int]:

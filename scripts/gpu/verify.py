@@ -83,7 +83,7 @@ def step_stall_default_verdict() -> None:
         [sys.executable, "-m", "agent", "--log-dir", str(log), str(REPO / "scripts/gpu/nccl_stall.py"), "30"],
         cwd=WORK, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
-    rank_out = log / "rank-0.out"
+    rank_out = log / "rank-00000.out"
     while time.monotonic() - started < 60 and proc.poll() is None:
         if rank_out.exists() and "stalling" in rank_out.read_text(errors="replace"):
             break

@@ -85,31 +85,49 @@ def answer() -> dict:
 _entries_seen: tuple[str, dict] | None = None
 
 
+# torch keeps two recorders: NCCL's process groups record in NCCL's own (the CUDA build's
+# `_dump_nccl_trace_json`), every other backend in the generic one (`_dump_fr_trace_json`).
+# Read only the generic one and a rank stuck in an NCCL collective shows none (seen on an H200).
+RECORDERS = ("_dump_nccl_trace_json", "_dump_fr_trace_json")
+
+
 def _groups(dist) -> list[dict]:
     import json
 
     global _entries_seen
     c10d = dist.distributed_c10d
-    dump = getattr(sys.modules["torch"]._C._distributed_c10d, "_dump_fr_trace_json", None)
+    native = sys.modules["torch"]._C._distributed_c10d
+    dumps = [d for d in (getattr(native, name, None) for name in RECORDERS) if d is not None]
     # The groups' counters alone cost ~10 µs; the entries ~5-20 ms for 200 of them, and only the
     # pending ones are read (collectives.py, overdue.py): a rank with none pending skips them,
     # a rank whose counters did not move since the last dump reuses its entries.
-    status = (json.loads(dump(False, False)) if dump is not None else {}).get("pg_status") or {}
+    status: dict = {}
+    owner: dict = {}  # group name -> the recorder that saw its collectives (the most entered)
+    for index, dump in enumerate(dumps):
+        for name, counters in (json.loads(dump(False, False)).get("pg_status") or {}).items():
+            if isinstance(counters, dict) and (
+                name not in status
+                or _int(counters.get("last_enqueued_collective"))
+                > _int(status[name].get("last_enqueued_collective"))
+            ):
+                status[name], owner[name] = counters, index
     seen = json.dumps(status, sort_keys=True)
     if _entries_seen is not None and _entries_seen[0] == seen:
         entries = _entries_seen[1]
     else:
         entries = {}
-        if dump is not None and any(
-            _int(s.get("last_enqueued_collective")) > _int(s.get("last_completed_collective"))
-            for s in status.values()
-            if isinstance(s, dict)
-        ):
-            trace = json.loads(dump(True, False))
-            for entry in trace.get("entries") or ():
-                group = entry.get("process_group") or ("", "")
-                entries.setdefault(str(group[0]), []).append(entry)
-            entries = {name: found[-TAIL:] for name, found in entries.items()}
+        for index, dump in enumerate(dumps):
+            if not any(
+                owner[name] == index
+                and _int(s.get("last_enqueued_collective")) > _int(s.get("last_completed_collective"))
+                for name, s in status.items()
+            ):
+                continue
+            for entry in json.loads(dump(True, False)).get("entries") or ():
+                group = str((entry.get("process_group") or ("", ""))[0])
+                if owner.get(group) == index:
+                    entries.setdefault(group, []).append(entry)
+        entries = {name: found[-TAIL:] for name, found in entries.items()}
         _entries_seen = (seen, entries)
     found = []
     world = c10d._world  # the groups this rank belongs to, with their members' global ranks
