@@ -119,7 +119,8 @@ def _groups(dist) -> list[dict]:
         for index, dump in enumerate(dumps):
             if not any(
                 owner[name] == index
-                and _int(s.get("last_enqueued_collective")) > _int(s.get("last_completed_collective"))
+                and _int(s.get("last_enqueued_collective"))
+                > _int(s.get("last_completed_collective"))
                 for name, s in status.items()
             ):
                 continue
