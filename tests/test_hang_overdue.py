@@ -68,6 +68,10 @@ def test_the_clause_names_the_collective_most_ranks_wait_in():
     assert clause(found, 1016.0) == (
         "ranks 0-2 waited 16 s in all_reduce #4 on default_pg, near its 20 s timeout"
     )
+    # past it: NCCL's watchdog fired but has not ended the ranks yet (it waits up to a minute)
+    assert clause(found, 1023.0) == (
+        "ranks 0-2 waited 23 s in all_reduce #4 on default_pg, past its 20 s timeout"
+    )
 
 
 class Probe:

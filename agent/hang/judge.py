@@ -110,7 +110,8 @@ class HangJudge:
             return None
         self.fired = True
         how = f"hang: {clause(found, wall)}"
-        log.error("%s: the job ends with every stack before torch's own timeout", how)
+        before = "before" if any(p.waited(wall) < p.timeout for p in found) else "instead of"
+        log.error("%s: the job ends with every stack %s torch's own timeout", how, before)
         return self._hang(how, stacks, [standings[a] for a in self.desk.nodes if a in standings])
 
     def recheck(self) -> dict[int, Standing]:

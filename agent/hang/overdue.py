@@ -89,7 +89,10 @@ def clause(found: Sequence[Pending], now: float) -> str:
     ranks = sorted({p.rank for p in waiting})
     who = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {format_ranges(ranks)}"
     waited = max(p.waited(now) for p in waiting)
+    # Past it too: NCCL's watchdog, once it fires, dumps and then waits up to a minute before
+    # it ends the rank (torch 2.11 on an H200: 60 s), and the agent's look can come in between.
+    where = "near" if waited < waiting[0].timeout else "past"
     return (
         f"{who} waited {waited:.0f} s in {op} #{seq} on {group}, "
-        f"near its {waiting[0].timeout:g} s timeout"
+        f"{where} its {waiting[0].timeout:g} s timeout"
     )
