@@ -47,6 +47,13 @@ def outsider(server) -> TCPStore:
 RESULT = {"exits": []}  # what each node here wrote as its result
 
 
+def landed(writer: Scope, name: str) -> None:
+    """A round trip on the writer's own connection: its writes before it were processed. One
+    connection is in order, two are not (a `set` has no answer), so an outsider's delete sent
+    after our write could otherwise reach the server first."""
+    assert writer.store.exists(writer.key(name))
+
+
 def wait_verdict(reader: Scope, own: str | None = "result/1") -> dict:
     mine = None if own is None else (own, RESULT)
     return await_verdict(reader, queue.SimpleQueue(), mine, tick=TICK)
@@ -58,6 +65,7 @@ def test_a_verdict_tampered_with_after_node_0_closed_the_attempt_is_named(server
     reader.put("result/1", {"exits": []})
     node0.put("verdict", {"restart": False, "code": 0})
     node0.close()  # the sealed `closed` record: the verdict was written before it
+    landed(node0, "abort")
     key = reader.key("verdict")
     evil.delete_key(key) if forgery is None else evil.set(key, forgery)
     start = time.monotonic()
@@ -92,6 +100,7 @@ def test_a_node_whose_own_result_vanishes_writes_it_again(server, forgery) -> No
     and the job's verdict (not "tampering", exit 4) reaches the node."""
     node0, reader, evil = scope(server, 0), scope(server, 1), outsider(server)
     reader.put("result/1", RESULT)
+    landed(reader, "result/1")
     key = reader.key("result/1")
     evil.delete_key(key) if forgery is None else evil.set(key, forgery)
     got: list[dict] = []
@@ -165,6 +174,7 @@ def test_a_node_that_found_the_tampering_first_ends_the_others_wait(server) -> N
         node.put(f"result/{node.index}", RESULT)
     node0.put("verdict", {"restart": False, "code": 0})
     node0.close()
+    landed(node0, "abort")
     evil.delete_key(first.key("verdict"))
     with pytest.raises(Tampered) as caught:
         wait_verdict(first)

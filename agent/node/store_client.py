@@ -202,32 +202,42 @@ class StoreClient:
         )
         self._send(bytes([wire.SET]) + wire.blob(wire.key_bytes(key)) + wire.blob(b"0"))
 
-    def _again(self, query: Callable[[], T]) -> T:
+    def _again(self, query: Callable[[], T], deadline: float | None = None) -> T:
         """`query` (one that may be sent twice: a read, a wait, a set), on a fresh connection
         when the server closed ours while a new one is answered: torch's server closes a
         client's connection on what it cannot parse or process, and an outsider's writes can
-        lead there. The store counts as lost only when no new connection is answered."""
+        lead there. The store counts as lost only when no new connection is answered; a wait
+        whose `deadline` passes while a new one is made ends as a timeout (a silent handshake
+        costs seconds: CI saw a 1 s wait take 5 s)."""
         for tries in range(RECONNECTS + 1):
             try:
                 return query()
             except StoreClosed as exc:
-                if tries == RECONNECTS or not self._reconnect():
+                if tries == RECONNECTS:
+                    raise
+                if not self._reconnect(deadline):
+                    if deadline is not None and time.monotonic() >= deadline:
+                        raise StoreTimeout(f"no new store connection in time ({exc})") from None
                     raise
                 log.warning(
                     "the job store closed this agent's connection (%s); connected again", exc
                 )
         raise AssertionError("unreachable")
 
-    def _reconnect(self) -> bool:
-        """A fresh connection to the same server (False: none answers: the store is gone)."""
+    def _reconnect(self, deadline: float | None = None) -> bool:
+        """A fresh connection to the same server (False: none answers: the store is gone, or
+        none was made by `deadline`)."""
         if self._address is None:
             return False
         self.close()
         self._buf.clear()
         self._pos = 0
+        budget = float(sum(HANDSHAKES))
+        if deadline is not None:
+            budget = max(0.1, min(budget, deadline - time.monotonic()))
         try:
             fresh = StoreClient.connect(  # refused: gone at once; silent: each handshake
-                *self._address, sum(HANDSHAKES), self._op_timeout, patient=False
+                *self._address, budget, self._op_timeout, patient=False
             )
         except (OSError, RuntimeError):
             return False
@@ -249,7 +259,8 @@ class StoreClient:
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._lock:
             self._again(
-                lambda: self._wait(keys, None if deadline is None else deadline - time.monotonic())
+                lambda: self._wait(keys, None if deadline is None else deadline - time.monotonic()),
+                deadline,
             )
 
     def multi_get(self, keys: Sequence[str], wait: bool = True) -> list[bytes]:
@@ -325,6 +336,8 @@ class StoreClient:
         would be lost without a word (it has no answer). One poll, no wait."""
         if self._pos < len(self._buf):
             return False
+        if self._live.fileno() < 0:  # closed by a reconnect that did not finish in time
+            return True
         poller = select.poll()
         poller.register(self._live, select.POLLIN)
         if not poller.poll(0):
