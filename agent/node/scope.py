@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -178,13 +178,16 @@ class Scope:
         names: Sequence[str],
         note: dict[str, Any] | None = None,
         absent: Collection[int] = (),
-        kept: Sequence[str] = (),
+        kept: Mapping[str, dict[str, Any]] | None = None,
         doing: str = "to join",
     ) -> None:
         """Every agent arrives once (indexes are claimed, so the count is of distinct agents),
         leaving a sealed `note` under `in/<index>`; `absent` agents (lost before this phase) are
         not waited for. A failure reported in this phase wakes it at once; a timeout names who
-        never came. `doing`: what the others are still doing, for the user ("to join")."""
+        never came. `doing`: what the others are still doing, for the user ("to join").
+        `kept`: records this agent wrote for the others before (node 0's plan), written again
+        whenever it looks and finds one gone or not opening (a deletion delays, never decides)."""
+        kept = kept or {}
         s = self.store
         mine = f"in/{self.index}"
         self.put(mine, note or {})
@@ -212,6 +215,12 @@ class Scope:
             others when the count says so: a full look costs a query of every note)."""
             if self.get_if(mine, "host announcement") is None:
                 self.put(mine, note or {})
+            for name, record in kept.items():
+                if self.get_if(name, name) is None:
+                    log.warning(
+                        "the %s record written here is gone or altered: written again", name
+                    )
+                    self.put(name, record)
             if (self.index == waited[0] or s.add(self.key("arrived"), 0) >= expected) and (
                 s.exists_all([self.key("in", i) for i in waited]) and self._all_in(waited)
             ):

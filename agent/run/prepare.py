@@ -76,7 +76,7 @@ def prepare(
     lay = node_layout(plan, placed, topology)
     # Every rank's argv and env can be built (e.g. --rank-prefix placeholders) before the barrier.
     rank_specs(plan, placed, lay, attempt=0, port=0, config_file=config_file, environ=environ)
-    kept = ("plan",) if world.agent_index == 0 else ()  # node 0's: gone means tampering
+    kept = {"plan": plan_record(plan, absent)} if world.agent_index == 0 else None
     scope.barrier(
         world.agents, timeout, names, absent=absent, kept=kept, doing="to prepare the run"
     )
@@ -86,7 +86,7 @@ def prepare(
 def offer(scope: Scope, plan: RunPlan, absent: Collection[int] = ()) -> None:
     """Node 0: publish the plan as soon as it is decided, so nobody waits for it later."""
     try:
-        scope.put("plan", {"plan": plan.to_json(), "absent": sorted(absent)})
+        scope.put("plan", plan_record(plan, absent))
     except TooLarge as exc:
         configs = " + ".join(plan.configs) or "the command line"
         raise AgentError(
@@ -94,6 +94,10 @@ def offer(scope: Scope, plan: RunPlan, absent: Collection[int] = ()) -> None:
             f"encrypted; the job store carries at most {VALUE_LIMIT / 2**20:.1f} MiB per value: "
             "keep large data out of the configs (pass a path to it instead)"
         ) from None
+
+
+def plan_record(plan: RunPlan, absent: Collection[int]) -> dict[str, Any]:
+    return {"plan": plan.to_json(), "absent": sorted(absent)}
 
 
 def _absent(record: Mapping[str, Any], agents: int) -> frozenset[int]:
