@@ -173,6 +173,58 @@ def test_node_0_whose_plan_was_deleted_or_garbled_writes_it_again(server, forger
     assert time.monotonic() - start < 10 * (LOOK_FIRST + 1)  # a hang-catcher: one look re-posts
 
 
+def test_a_plan_garbled_faster_than_anyone_reads_it_still_reaches_node_1(server) -> None:
+    """The soak's seed 2000: an outsider garbled `r0/plan` every few hundred ms; node 0 wrote it
+    again at each look, node 1 polled the known key and never caught a sealed one (the job hung).
+    Each time node 0 puts it again it also writes a copy under a name only the job can compute,
+    and node 1, blocked on that name, reads it the moment it comes."""
+    leader, follower, evil = (
+        scope(server, 0, wakes=("plan", "done")),
+        scope(server, 1, wakes=("plan", "done")),
+        outsider(server),
+    )
+    record = {"plan": {"script": "train.py"}, "absent": []}
+    leader.put("plan", record)
+    assert leader.store.exists(leader.key("plan"))
+    stop = threading.Event()
+
+    def garble() -> None:  # every 5 ms, far faster than a reader polls (1 s apart at most)
+        while not stop.is_set():
+            evil.set(leader.key("plan"), b"garbage")
+            evil.check([leader.key("plan")])  # paced by the server's answers
+            stop.wait(0.005)
+
+    attacker = threading.Thread(target=garble, daemon=True)
+    attacker.start()
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            ended = pool.submit(leader.barrier, 2, 60.0, NAMES, kept={"plan": record})
+            assert follower.get("plan", "config payload", timeout=60) == record
+            follower.barrier(2, 60.0, NAMES)
+            ended.result(timeout=60)
+    finally:
+        stop.set()
+        attacker.join(10)
+
+
+def test_a_reader_goes_on_to_the_writers_latest_copy(server) -> None:
+    """Copies deleted or garbled before anyone read them: the reader goes on to the writer's
+    latest (an outsider cannot write a copy's name before the writer does: it needs the
+    secret; it can garble or delete one it has seen listed)."""
+    writer, reader, evil = scope(server, 0), scope(server, 1), outsider(server)
+    copy = [writer.keys.copy_name(writer.key("lineup"), n) for n in (0, 1, 2, 3)]
+    for n in (1, 2, 3):
+        writer.put_again("lineup", {"n": n}, n)
+    assert writer.store.exists(copy[3])  # every write processed before the outsider's
+    evil.delete_key(copy[1])
+    evil.set(copy[2], b"garbage")
+    evil.set(writer.key("lineup"), b"garbage")
+    assert evil.get(writer.key("lineup")) == b"garbage"
+    start = time.monotonic()
+    assert reader.get("lineup", "lineup", timeout=30) == {"n": 3}
+    assert time.monotonic() - start < 10  # a hang-catcher: no wait for copy 1 to come back
+
+
 def test_garbage_over_the_public_key_check_is_no_secret_mismatch(server) -> None:
     """Issue 35: an outsider's garbage at `hello` ended a joining agent as a secret mismatch
     (exit 4) and left node 0 waiting out the join. Now it is waited past, then the check is

@@ -76,9 +76,21 @@ class Scope:
         a value that does not open is waited past (`read_sealed`)."""
         key = self.key(name)
         data = self.store.get_bytes(key, present)
-        record = read_sealed(self.store, self.keys, key, what, data, timeout, woken=woken)
+        record = read_sealed(
+            self.store, self.keys, key, what, data, timeout, woken=woken,
+            copies=lambda n: self.keys.copy_name(key, n),
+        )  # fmt: skip
         assert record is not None  # no stop event: only a record or an exception ends it
         return record
+
+    def put_again(self, name: str, record: dict[str, Any], number: int) -> None:
+        """The record written again (found gone or garbled), and as its `number`-th copy under
+        a secret name, which a reader waiting past the garbage reads the moment it comes
+        (`get`): an outsider garbling the known key faster than anyone reads it delays, never
+        stops, the reader."""
+        self.put(name, record)
+        copy = self.keys.copy_name(self.key(name), number)
+        self.store.set_bytes(copy, self.keys.seal(record, copy))
 
     def get_if(self, name: str, what: str) -> dict[str, Any] | None:
         """The record if a sealed one is there now; None if absent or not ours (logged once)."""
@@ -188,6 +200,7 @@ class Scope:
         `kept`: records this agent wrote for the others before (node 0's plan), written again
         whenever it looks and finds one gone or not opening (a deletion delays, never decides)."""
         kept = kept or {}
+        copies: dict[str, int] = {}  # how many times each kept record was put again
         s = self.store
         mine = f"in/{self.index}"
         self.put(mine, note or {})
@@ -220,7 +233,8 @@ class Scope:
                     log.warning(
                         "the %s record written here is gone or altered: written again", name
                     )
-                    self.put(name, record)
+                    copies[name] = copies.get(name, 0) + 1
+                    self.put_again(name, record, copies[name])
             if (self.index == waited[0] or s.add(self.key("arrived"), 0) >= expected) and (
                 s.exists_all([self.key("in", i) for i in waited]) and self._all_in(waited)
             ):

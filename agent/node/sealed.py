@@ -52,12 +52,15 @@ def read_sealed(
     timeout: float | None = None,
     stop: threading.Event | None = None,
     woken: Callable[[], None] | None = None,
+    copies: Callable[[int], str] | None = None,
 ) -> dict[str, Any] | None:
     """The sealed record at `key`, given what was read there first (`data`). A value that does
     not open is absent: logged once, and the wait goes on — re-reading the key, less often as
-    it lasts (only an outsider's write leads here) — until a sealed record replaces it, `stop`
-    is set (None), `woken` raises (a failure that ends the wait), or `timeout` passes
-    (Tampered: the phase cannot go on)."""
+    it lasts (only an outsider's write leads here), and blocked meanwhile on the next of the
+    writer's secret-named copies (`copies(n)`: the n-th time it put the record again), read the
+    moment it is written — until a sealed record replaces it, `stop` is set (None), `woken`
+    raises (a failure that ends the wait), or `timeout` passes (Tampered: the phase cannot go
+    on)."""
     try:
         return keys.unseal(data, key, what)
     except Refused as exc:
@@ -67,6 +70,7 @@ def read_sealed(
     tell_refused(key, first)
     deadline = None if timeout is None else time.monotonic() + timeout
     delay = POLL_FIRST
+    copy = 1
     while True:
         if woken is not None:
             woken()
@@ -74,7 +78,17 @@ def read_sealed(
         if left is not None and left <= 0:
             raise Tampered(key, f"{what} did not open and no sealed one came in {timeout:g}s")
         pause = delay if left is None else min(delay, left)
-        if stop is None:
+        if copies is not None:
+            found, came = _copy(store, keys, copies(copy), what, pause)
+            if found is not None:
+                return found
+            if came:  # garbled before we read it: the writer's next one
+                copy += 1
+            while store.exists(copies(copy + 1)):  # deleted, or we came late: its latest
+                copy += 1
+            if stop is not None and stop.is_set():
+                return None
+        elif stop is None:
             time.sleep(pause)
         elif stop.wait(pause):
             return None
@@ -85,3 +99,16 @@ def read_sealed(
             return keys.unseal(store.get_bytes(key, present=True), key, what)
         except Refused as exc:
             tell_refused(key, exc)
+
+
+def _copy(
+    store: Store, keys: JobKeys, name: str, what: str, wait: float
+) -> tuple[dict[str, Any] | None, bool]:
+    """(the writer's copy at `name` if it opens, whether one came), waiting up to `wait` s."""
+    if not store.wait([name], wait):
+        return None, False
+    try:
+        return keys.unseal(store.get_bytes(name, present=True), name, what), True
+    except Refused as exc:
+        tell_refused(name, exc)
+        return None, True

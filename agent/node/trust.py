@@ -41,6 +41,7 @@ class JobKeys:
     check_value: str  # public: equal for agents that hold the same secret, reveals nothing
     aead_key: bytes
     client_key: bytes  # authenticates clients of node 0's resident endpoint (agent.control.wire)
+    naming_key: bytes = b""  # names only the job's agents can compute (`copy_name`)
 
     @classmethod
     def derive(cls, secret: bytes, job_id: str, step_id: str) -> JobKeys:
@@ -55,7 +56,15 @@ class JobKeys:
         naming, aead_key, client_key = okm[:32], okm[32:64], okm[64:96]
         name = hmac.new(naming, b"namespace", hashlib.sha256).hexdigest()[:32]
         check = hmac.new(naming, b"key-check", hashlib.sha256).hexdigest()[:16]
-        return cls(f"la/{name}/", check, aead_key, client_key)
+        return cls(f"la/{name}/", check, aead_key, client_key, naming)
+
+    def copy_name(self, key: str, number: int) -> str:
+        """Where the `number`-th copy of the record at `key` goes when its writer puts it again
+        (agent.node.scope): a name an outsider cannot compute, so cannot write before it exists;
+        a reader blocked on it is woken the moment it is written, before an outsider listing
+        the keys can garble it (they can garble the key everyone knows faster than it is read)."""
+        tag = hmac.new(self.naming_key, f"{key}\0{number}".encode(), hashlib.sha256)
+        return f"{key}/copy/{tag.hexdigest()[:24]}"
 
     def seal(self, obj: Mapping[str, Any], key: str) -> bytes:
         """AES-GCM of the record's JSON, bound to `key` (the full store key)."""
