@@ -269,6 +269,40 @@ def test_a_replayed_quiet_record_makes_node_0_ask_never_decide(server):
     coordinator.close()
 
 
+@pytest.mark.parametrize("tamper", ["garbage", "delete"])
+def test_a_quiet_record_garbled_before_node_0_read_it_still_lets_it_ask(server, tamper):
+    """The soak's hang seed 2011: node 1's quiet record was garbled before node 0 read it, node
+    0 kept what it knew (active) and the hung job ran for ever. A node whose record is missing
+    or does not open is one node 0 may ask about, once T has passed and every other node's
+    record says still or done; the fresh answers decide. Not before T, and not while another
+    node's record says it moves."""
+    clock, evil = Clock(), outsider(server)
+    coordinator = _coordinator(server, clock)
+    side = coordinator.scope
+    silence = [0.0]
+    node0 = _watch(server, 0, clock, silence, coordinator.desk)
+    node1 = _watch(server, 1, clock, [10.0])
+    node0.started([0])
+    node1.started([1])
+    judge = coordinator.hang
+    assert judge.look(coordinator.read_standings(side, clock())) is None  # both active
+    node1.tick(10.0)  # quiet: a record node 0 never reads
+    key = side.key("standing/1")
+    evil.set(key, b"garbage") if tamper == "garbage" else evil.delete_key(key)
+    evil.add(side.key(WAKE), 1)
+    standings = coordinator.read_standings(side, clock())
+    assert coordinator.unsure == {1} and not standings[1].quiet
+    assert judge.look(standings, coordinator.unsure) is None and judge.rechecks == 0  # node 0 moves
+    node0.tick(10.0)
+    silence[0] = 10.0
+    standings = coordinator.read_standings(side, clock())
+    assert judge.look(standings, coordinator.unsure) is None and judge.rechecks == 0  # before T
+    clock.now += 4.0
+    record = judge.look(coordinator.read_standings(side, clock()), coordinator.unsure)
+    assert record is not None and record.kind is Kind.HANG and judge.rechecks == 1
+    coordinator.close()
+
+
 def test_a_node_that_does_not_answer_the_recheck_is_no_hang(server):
     """Node 1's records say quiet but it never answers (its agent is wedged, or the records
     are an outsider's): no hang is called on what was written before the question."""

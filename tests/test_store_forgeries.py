@@ -111,6 +111,22 @@ def test_a_barrier_whose_counter_was_tampered_with_still_ends_on_the_sealed_note
     assert KEYS.unseal(evil.get(first.key("in/0")), first.key("in/0"), "note") == {}
 
 
+def test_a_done_record_garbled_after_the_first_agent_left_is_written_again(server) -> None:
+    """The soak's clean seed 2008: node 0 had left the join barrier; an outsider set the count
+    back and garbled the done record before node 1 read it. Node 1 looked only when the count
+    said so, so nobody wrote it again and the job hung. Garbage at the done record is a full
+    look: every sealed note in, the done record written again."""
+    first, second, evil = scope(server, 0), scope(server, 1), outsider(server)
+    second.put("in/1", {})
+    first.barrier(2, 30.0, NAMES)  # ends at its first look: both notes are in
+    evil.add(first.key("arrived"), -1000)
+    evil.set(first.key("done"), b"garbage")
+    assert evil.get(first.key("done")) == b"garbage"
+    start = time.monotonic()
+    second.barrier(2, 30.0, NAMES)
+    assert time.monotonic() - start < 10, "node 1 waited for the barrier's timeout"
+
+
 def test_a_forged_round_end_leaves_node_0_waiting_only_until_the_rounds_deadline(server) -> None:
     from agent.run.health import Health
     from agent.run.lineup import REPORT_SLACK, gather, post_health

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 
 from agent.hang.collectives import collective_view, render_view
 from agent.hang.desk import StackDesk
@@ -59,18 +59,24 @@ class HangJudge:
         self._again = float("-inf")
         self.overdue_asks = 0  # stack captures asked because a node found a rank overdue
         self._overdue_again = float("-inf")
+        self.began = clock()  # the attempt's start, near enough: no node is quiet before T
 
-    def look(self, standings: Mapping[int, Standing]) -> Failure | None:
-        """A failure record when the job hangs (once); None otherwise."""
+    def look(
+        self, standings: Mapping[int, Standing], unsure: Collection[int] = ()
+    ) -> Failure | None:
+        """A failure record when the job hangs (once); None otherwise. `unsure`: nodes whose
+        record was missing or did not open at the last read."""
         if self.fired:
             return None
-        return self._still(standings) or self._overdue(standings)
+        return self._still(standings, unsure) or self._overdue(standings)
 
-    def _still(self, standings: Mapping[int, Standing]) -> Failure | None:
+    def _still(self, standings: Mapping[int, Standing], unsure: Collection[int]) -> Failure | None:
         """--hang-timeout: every rank still running silent for T."""
         if self.timeout <= 0:
             return None
-        if not stillness(self.desk.nodes, standings, self.wall(), self.timeout).still:
+        if not stillness(
+            self.desk.nodes, standings, self.wall(), self.timeout
+        ).still and not self._maybe_still(standings, unsure):
             return None
         now = self.clock()
         if now < self._again:
@@ -90,6 +96,17 @@ class HangJudge:
         noun = "rank" if running == 1 else "ranks"
         how = f"hang: no progress for {self.timeout:g} s from the {running} {noun} still running"
         return self._hang(how, self.desk.ask(native=False), ranks)
+
+    def _maybe_still(self, standings: Mapping[int, Standing], unsure: Collection[int]) -> bool:
+        """Records an outsider garbled or deleted show no progress, nor stillness: when every
+        other node's record says still (or done) once T has passed, ask every node (the fresh
+        answers decide). Without it, a node's quiet record garbled before node 0 read it kept
+        a hung job running for ever (the soak's hang seed 2011); a healthy node's record says
+        active, and no question is asked."""
+        if not unsure or self.clock() - self.began < self.timeout:
+            return False
+        rest = [standings.get(a) for a in self.desk.nodes if a not in unsure]
+        return all(s is not None and (s.quiet or not s.live) for s in rest)
 
     def _overdue(self, standings: Mapping[int, Standing]) -> Failure | None:
         """By default: a node found ranks waiting in a collective near its group's timeout

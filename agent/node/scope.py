@@ -221,11 +221,14 @@ class Scope:
             if failure is not None:
                 raise PeerFailed(could_not(failure, names), refused=refused(failure))
 
-        def look() -> None:
+        def look(full: bool = False) -> None:
             """Past the counter, which an outsider may delete, reset or bump: our own note
             written again if it is gone or does not open, and the done record written by
             whoever finds every sealed note in (the first awaited agent looks each time; the
-            others when the count says so: a full look costs a query of every note)."""
+            others when the count says so, or `full`: the done record is there but garbled —
+            the first agent may have left the barrier already, so the counter, set back by an
+            outsider, must not keep us from writing it: the soak's clean seed 2008). A full
+            look costs a query of every note."""
             if self.get_if(mine, "host announcement") is None:
                 self.put(mine, note or {})
             for name, record in kept.items():
@@ -235,7 +238,7 @@ class Scope:
                     )
                     copies[name] = copies.get(name, 0) + 1
                     self.put_again(name, record, copies[name])
-            if (self.index == waited[0] or s.add(self.key("arrived"), 0) >= expected) and (
+            if (full or self.index == waited[0] or s.add(self.key("arrived"), 0) >= expected) and (
                 s.exists_all([self.key("in", i) for i in waited]) and self._all_in(waited)
             ):
                 self.put("done", {})
@@ -256,7 +259,7 @@ class Scope:
 
             def woken_or_look() -> None:  # garbage over the done record: written again
                 woken()
-                look()
+                look(full=True)
 
             try:
                 data = s.get_bytes(done, present=True)

@@ -85,6 +85,9 @@ class Coordinator:
         self._wake: int | None = None
         self._full_at = float("-inf")
         self._seen: set[int] = set()
+        # nodes whose standing record was missing or did not open at the last read (an
+        # outsider's doing once every node has posted one): the hang judge may ask them
+        self.unsure: frozenset[int] = frozenset()
         self._over = False  # the attempt has a failure: nothing left to judge
         self._judged_at = float("-inf")
         self._closers: list[Callable[[], None]] = []
@@ -205,7 +208,7 @@ class Coordinator:
             return
         self._exit_skew(standings)
         if self.hang is not None:
-            record = self.hang.look(standings)
+            record = self.hang.look(standings, self.unsure)
             if record is not None:
                 self.result.failure = self.report(record) or record
 
@@ -235,11 +238,13 @@ class Coordinator:
             self._seen = {a for a, key in names.items() if store.exists(key)}
         present = [a for a in self.nodes if a in self._seen]
         values = store.multi_get([names[a] for a in present], present=True) if present else []
+        unsure = {a for a in self.nodes if a not in self._seen}
         for agent, value in zip(present, values, strict=True):
             try:
                 found = Standing.from_json(side.keys.unseal(value, names[agent], "standing"))
             except Refused as exc:  # an outsider's value: what we knew of that node stands
                 tell_refused(names[agent], exc)
+                unsure.add(agent)
                 continue
             known = self.standings.get(agent)
             if (
@@ -248,4 +253,5 @@ class Coordinator:
                 and (known is None or found.seq > known.seq)
             ):
                 self.standings[agent] = found
+        self.unsure = frozenset(unsure)
         return self.standings
