@@ -6,6 +6,7 @@ a zygote start their own, with nothing heavy to import.
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import selectors
@@ -313,11 +314,16 @@ def test_keyboard_interrupt_dies_by_sigint(zygote):
     assert "agent/warm" not in err
 
 
-def test_files_left_open_are_flushed_at_exit(zygote, tmp_path):
-    """The interpreter's own shutdown runs: a file the script never closed gets its data."""
-    target = tmp_path / "left-open.txt"
-    assert warm(zygote, [EXIT, "unflushed", str(target)]) == (0, "", "")
+@pytest.mark.parametrize("fast", [False, True])
+def test_files_left_open_are_flushed_at_exit(zygote, fast_zygote, tmp_path, fast):
+    """As the interpreter's own shutdown does: a file the script never closed gets its data, a
+    gzip file its trailer (a fast exit closes them, wrappers first)."""
+    target, packed = tmp_path / "left-open.txt", tmp_path / "left-open.gz"
+    z = fast_zygote if fast else zygote
+    assert warm(z, [EXIT, "unflushed", str(target)]) == (0, "", "")
     assert target.read_text() == "written at exit\n"
+    assert warm(z, [EXIT, "gzip", str(packed)]) == (0, "", "")
+    assert gzip.decompress(packed.read_bytes()) == b"compressed at exit\n"
 
 
 def test_ranks_forked_together_hold_only_their_own_pipes(light_zygote):
