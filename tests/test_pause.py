@@ -4,12 +4,19 @@ store, as `agent debug` reaches them through node 0."""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+import socket
 import subprocess
 import sys
 import tempfile
+import textwrap
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -22,6 +29,7 @@ from agent.node.store import Endpoint, Store
 from agent.node.trust import JobKeys
 from agent.pause import hook, post_mortem
 from agent.pause.desk import PauseDesk
+from agent.pause.frames import encode, read
 from agent.pause.link import GONE, PROMPT
 from agent.pause.paused import Paused, console_line, render_answers, render_list
 from agent.plan.ranks import (
@@ -144,7 +152,7 @@ def test_pdb_runs_the_script_under_the_post_mortem_runner(command, script_at, ex
 class Nodes:
     """Node 0 (asks) and node 1 (holds the rank) over one in-process store."""
 
-    def __init__(self, directory: str) -> None:
+    def __init__(self, directory: str, **bounds: Any) -> None:
         store = Store(LocalStore(), Endpoint("127.0.0.1", 1), "t/")
         keys = JobKeys.derive(b"pause-test", "job", "0")
         self.said: list[Paused] = []
@@ -158,6 +166,7 @@ class Nodes:
                 directory if scope.index == 1 else None,
                 Stage(0, 0),
                 lambda paused, pid: self.said.append(paused),
+                **bounds,
             )
             for scope, stacks in zip(scopes, self.stacks, strict=True)
         ]
@@ -204,14 +213,20 @@ def _one(answers: dict) -> dict:
     return answer
 
 
-@pytest.fixture
-def nodes():
+@contextlib.contextmanager
+def two_nodes(**bounds: Any) -> Iterator[Nodes]:
     with tempfile.TemporaryDirectory() as directory:
         os.chmod(directory, 0o700)
-        pair = Nodes(directory)
+        pair = Nodes(directory, **bounds)
         yield pair
         pair.close()
         assert not os.listdir(directory), "the socket goes with the attempt"
+
+
+@pytest.fixture
+def nodes():
+    with two_nodes() as pair:
+        yield pair
 
 
 def test_breakpoint_pauses_the_rank_until_pdb_continues_it(nodes, tmp_path):
@@ -419,3 +434,164 @@ def test_two_processes_of_one_rank_pause_at_once_and_each_is_reached(nodes, tmp_
     assert list(client.recv(30)["answers"]) == [f"1:{rank.pid}"]  # the one still paused
     out, err = rank.communicate(timeout=30)
     assert rank.returncode == 0 and sorted(out.splitlines()) == ["after 42", "after 7"], err
+
+
+# -- the socket's bounds ---------------------------------------------------------------------
+def _connect(nodes: Nodes) -> tuple[socket.socket, Any]:
+    """A process of the node's user on the desk's socket, greeted (a raw client, not the hook)."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(30)
+    sock.connect(nodes.desks[1].path or "")
+    stream = sock.makefile("rb")
+    assert read(stream) == {"welcome": True}
+    return sock, stream
+
+
+def _stopped(nodes: Nodes, pid: int) -> socket.socket:
+    """A process stopped in pdb, as far as the desk can tell (it said so, and waits)."""
+    sock, _ = _connect(nodes)
+    where = {"file": "/w/loader.py", "line": 7, "function": "get", "reason": "breakpoint"}
+    sock.sendall(encode({"hello": {"rank": 1, "pid": pid}}) + encode({"paused": where}))
+    return sock
+
+
+def _ended(stream: Any) -> bool:
+    """Whether the desk closed its end: end-of-file, or a reset (a unix socket closed with bytes
+    it never read resets its peer)."""
+    try:
+        return stream.read() == b""
+    except ConnectionResetError:
+        return True
+
+
+def _listed(nodes: Nodes, count: int) -> list[int]:
+    deadline = time.monotonic() + 30
+    while len(pids := [item["pid"] for item in nodes.ask({"op": "list"})["paused"]]) != count:
+        assert time.monotonic() < deadline, f"{count} paused processes never listed: {pids}"
+    return pids
+
+
+def test_a_process_beyond_the_desks_cap_is_told_why_and_runs_on(tmp_path):
+    """One desk holds `max_links` connections; the next process to pause is told why in one line
+    on its own stderr and runs on as without a debugger (plain pdb on /dev/null would end it in
+    BdbQuit); once one of them leaves, the next one pauses again."""
+    script = tmp_path / "train.py"
+    script.write_text("x = 40 + 2\nbreakpoint()\nprint('after', x)\n")
+    with two_nodes(max_links=2) as nodes:
+        held = [_stopped(nodes, pid) for pid in (101, 102)]
+        assert sorted(_listed(nodes, 2)) == [101, 102]
+        rank = nodes.rank(str(script))
+        out, err = rank.communicate(timeout=30)
+        assert (rank.returncode, out) == (0, "after 42\n"), err
+        [said] = [line for line in err.splitlines() if "[agent]" in line]
+        assert "holds 2 processes paused in pdb already" in said, said
+        assert "breakpoint() skipped" in said, said
+        assert sorted(_listed(nodes, 2)) == [101, 102], "the refused process was never listed"
+
+        held.pop().close()
+        _listed(nodes, 1)
+        rank = nodes.rank(str(script))
+        assert rank.pid in _listed(nodes, 2)
+        request = {"op": "send", "procs": [[1, rank.pid]], "line": "c", "wait": 10}
+        assert _one(nodes.ask(request))["state"] == GONE
+        out, err = rank.communicate(timeout=30)
+        assert (rank.returncode, out) == (0, "after 42\n"), err
+        for sock in held:
+            sock.close()
+
+
+@pytest.mark.parametrize(
+    "says",
+    [
+        b"",  # nothing at all
+        b'{"hello": {"rank": 1, "pid": 5}}\n',  # who it is, never where it stopped
+        b'{"hello": {"ra',  # less than a line
+        b"{" + b" " * (2 << 20),  # a line over a frame's 1 MiB: let go at once
+    ],
+    ids=["silent", "hello-only", "half-a-line", "oversized"],
+)
+def test_a_process_that_never_says_where_it_stopped_is_let_go(says):
+    """A connecting process has `handshake` seconds to say who it is and where it stopped, in
+    frames of 1 MiB at most; then the desk closes its end (its thread and descriptor are free)."""
+    with two_nodes(handshake=0.5) as nodes:
+        sock, stream = _connect(nodes)
+        start = time.monotonic()
+        with contextlib.suppress(OSError):  # the oversized line: the desk stops reading it
+            sock.sendall(says)
+        assert _ended(stream), "the desk closed its end"
+        assert time.monotonic() - start < 10  # a hang catcher: the handshake is 0.5 s
+        assert nodes.ask({"op": "list"})["paused"] == []
+        sock.close()
+
+
+def _links() -> int:
+    return sum(thread.name == "pause-link" for thread in threading.enumerate())
+
+
+def test_every_connection_goes_with_the_attempt_stopped_or_not():
+    """The attempt's end closes every connection its desk took, not only the paused ones: a
+    process that said hello and waits is let go, and its link's thread ends."""
+    before = _links()
+    with two_nodes(handshake=60) as nodes:
+        sock, stream = _connect(nodes)
+        sock.sendall(encode({"hello": {"rank": 1, "pid": 5}}))
+        paused = _stopped(nodes, 6)
+        _listed(nodes, 1)
+    assert _ended(stream), "the desk closed its end"
+    paused.settimeout(30)
+    assert paused.recv(4096) == b"", "the desk closed the paused one's end too"
+    deadline = time.monotonic() + 30
+    while _links() > before:
+        assert time.monotonic() < deadline, "a link's thread outlived its attempt"
+        time.sleep(0.01)  # polling a thread count: nothing to wait on
+    sock.close()
+    paused.close()
+
+
+_SHORT_OF_FDS = textwrap.dedent(
+    """
+    import json, os, resource, socket, sys, threading, time
+    from agent.pause import acceptor
+
+    resource.setrlimit(resource.RLIMIT_NOFILE, (128, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+    path = sys.argv[1]
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(8)
+    taken = threading.Event()
+    acceptor.register(listener, lambda conn: taken.set())
+    client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)  # made while descriptors remain
+    hogs = []
+    try:
+        while True:
+            hogs.append(os.open(os.devnull, os.O_RDONLY))
+    except OSError:
+        pass
+    client.connect(path)  # the kernel's backlog takes it: accept() now fails with EMFILE
+    wall, cpu = time.monotonic(), time.process_time()
+    time.sleep(2.0)  # the window measured, not a synchronisation
+    wall, cpu = time.monotonic() - wall, time.process_time() - cpu
+    early = taken.is_set()
+    for fd in hogs:
+        os.close(fd)
+    print(json.dumps({"wall": wall, "cpu": cpu, "early": early, "taken": taken.wait(30)}))
+    """
+)
+
+
+def test_the_acceptor_waits_without_spinning_while_the_process_has_no_descriptor_left(tmp_path):
+    """A rank that pauses while its agent has no descriptor left waits in the kernel's backlog;
+    the agent's accept thread tries again every SHORT_OF_FDS seconds, not in a busy loop (the
+    process's CPU time over 2 s stays far below a spinning thread's), and takes it once
+    descriptors are free."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    done = subprocess.run(
+        [sys.executable, "-c", _SHORT_OF_FDS, str(tmp_path / "s.sock")], env=env,
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout)
+    assert not seen["early"] and seen["taken"], seen
+    # A spinning accept thread holds a core (or what the machine's load leaves it, well above
+    # a fifth of it); retrying ten times a second costs a few milliseconds.
+    assert seen["cpu"] < 0.2 * seen["wall"], seen

@@ -10,6 +10,13 @@ the agent holding the ranks answers a pdb line from a thread and a store connect
 desk's own (a line may take seconds). No port is opened:
 clients reach node 0's authenticated endpoint only (agent.control.debug_service).
 
+The socket is bounded like every listener of the agent, though only the user's own processes can
+reach it: one desk holds `max_links` connections at most (64: more processes paused on one node
+than anyone debugs), each with `handshake` seconds to say where it stopped (agent.pause.link),
+and frames of 1 MiB at most (agent.pause.frames); a process beyond the cap is told why in one
+frame and runs on without pdb (agent.pause.hook); every connection, stopped or not, goes with
+the attempt (`close`).
+
 Several processes of one rank may pause at once (a forked DataLoader worker stopping in
 `__getitem__` while its rank stops in the training loop): each is a link of its own, keyed by
 (rank, pid), and requests reach each.
@@ -34,6 +41,7 @@ from agent.hang.desk import StackDesk
 from agent.node.scope import Scope
 from agent.node.stage import Stage
 from agent.pause import acceptor
+from agent.pause.frames import encode
 from agent.pause.hook import SOCKET_ENV
 from agent.pause.link import GONE, RankLink
 from agent.pause.paused import Paused, answer_key
@@ -42,6 +50,8 @@ log = logging.getLogger("agent")
 ANSWER_SLACK = 3.0  # seconds node 0 waits beyond what a request allows each node
 MAX_WAIT = 30.0  # the longest one request may hold a node's answer
 DESK = "pause"  # what our requests say in the StackDesk's `desk` field
+MAX_LINKS = 64  # connections one desk holds: processes stopped in pdb on one node, at most
+HANDSHAKE = 5.0  # seconds a connecting process has to say who it is and where it stopped
 
 
 class PauseDesk:
@@ -55,9 +65,12 @@ class PauseDesk:
         # once per paused process: the console line (True: another process of its rank is
         # paused too, so the line names its pid)
         announce: Callable[[Paused, bool], None],
+        max_links: int = MAX_LINKS,
+        handshake: float = HANDSHAKE,
     ) -> None:
         self.scope, self.stacks, self.host, self.stage = scope, stacks, host, stage
         self.announce = announce
+        self.max_links, self.handshake = max_links, handshake
         self.path = (
             os.path.join(directory, f"debug-{os.getpid()}-{stage}-n{scope.index}.sock")
             if directory
@@ -65,6 +78,8 @@ class PauseDesk:
         )
         self._links: dict[tuple[int, int], RankLink] = {}  # (rank, pid) → its session
         self._announced: set[tuple[int, int]] = set()
+        self._open: set[RankLink] = set()  # every connection held, stopped in pdb or not yet
+        self._closed = False
         self._lock = threading.Lock()
         self._spare: list[Scope] = []  # store connections for reply and ask threads
         self._listener: socket.socket | None = None
@@ -104,7 +119,9 @@ class PauseDesk:
             with contextlib.suppress(OSError):
                 os.unlink(self.path or "")
         with self._lock:
-            links, self._links = list(self._links.values()), {}
+            self._closed = True
+            links = {*self._links.values(), *self._open}
+            self._links, self._open = {}, set()
         for link in links:
             link.close()
 
@@ -128,7 +145,30 @@ class PauseDesk:
         return sock
 
     def _accepted(self, conn: socket.socket) -> None:
-        RankLink(conn, self.host, self._paused).start()
+        link = RankLink(conn, self.host, self._paused, self.handshake, self._ended)
+        with self._lock:
+            refused = self._closed or len(self._open) >= self.max_links
+            if not refused:
+                self._open.add(link)
+        if not refused:
+            link.start()
+            return
+        if not self._closed:
+            conn.setblocking(False)  # one short frame into an empty buffer: never waits
+            with contextlib.suppress(OSError):
+                conn.send(encode({"refused": self._full()}))
+        with contextlib.suppress(OSError):
+            conn.close()
+
+    def _full(self) -> str:
+        return (
+            f"this node's agent holds {self.max_links} processes paused in pdb already "
+            "(its limit); continue one of them (agent debug) to make room"
+        )
+
+    def _ended(self, link: RankLink) -> None:
+        with self._lock:
+            self._open.discard(link)
 
     def _paused(self, link: RankLink) -> None:
         process = (link.rank, link.pid)

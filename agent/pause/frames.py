@@ -2,7 +2,9 @@
 
 Rank → agent: {"hello": {"rank", "pid"}}, {"paused": {"file", "line", "function", "reason"}},
 {"out": text}, {"ready": prompt} (pdb waits for a line), {"running": true, "done": bool}.
-Agent → rank: {"line": text}. Anything else is ignored; a line over MAX_FRAME ends the link.
+Agent → rank: first {"welcome": true} (pdb may start) or {"refused": why} (the agent holds all
+the paused processes it takes: the rank runs on without pdb), then {"line": text}. Anything else
+is ignored; a line over MAX_FRAME ends the link.
 """
 
 from __future__ import annotations

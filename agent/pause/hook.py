@@ -24,6 +24,7 @@ SOCKET_ENV = "AGENT_DEBUG_SOCKET"
 TIMEOUT_ENV = "AGENT_DEBUG_TIMEOUT"  # post-mortem: seconds a failed rank stays paused
 HOOK = "agent.pause.hook.pause"  # what PYTHONBREAKPOINT names
 OUT_CHUNK = 256 << 10  # characters of pdb output per frame (a frame is at most 1 MiB)
+WELCOME_WAIT = 10.0  # seconds to connect and be taken (the agent answers at once unless crowded)
 
 
 class Link:
@@ -47,22 +48,37 @@ class Link:
                 pass
 
 
+class Refused(Exception):
+    """The agent took the connection but not this process: why, in one line."""
+
+
 def connect() -> Link | None:
-    """The agent's socket, or None when this rank has none (or it does not answer)."""
+    """The agent's socket, or None when this rank has none (or it cannot be reached); Refused
+    when the agent answers that it takes no more paused processes, or does not answer."""
     path = os.environ.get(SOCKET_ENV)
     if not path:
         return None
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        sock.settimeout(5.0)
+        sock.settimeout(WELCOME_WAIT)
         sock.connect(path)
-        sock.settimeout(None)
     except OSError as exc:
         sock.close()
         print(f"[agent] cannot reach the agent for pdb ({exc}): plain pdb", file=sys.stderr)
         return None
     link = Link(sock)
     link.send({"hello": {"rank": _rank(), "pid": os.getpid()}})
+    try:
+        first = read(link.stream)
+    except OSError:  # TimeoutError: accepted by the kernel, never by the agent
+        first = None
+    if first is None or first.get("welcome") is not True:
+        link.close()
+        why = first.get("refused") if first is not None else None
+        if not isinstance(why, str):
+            why = f"the agent did not take this process in {WELCOME_WAIT:.0f} s"
+        raise Refused(" ".join(why.split())[:500])
+    sock.settimeout(None)
     return link
 
 
@@ -178,7 +194,11 @@ def where(frame: FrameType, lineno: int, reason: str) -> dict[str, Any]:
 def pause(*args: Any, header: str | None = None, **kwargs: Any) -> None:
     """sys.breakpointhook for ranks: pause here, in the caller's frame."""
     frame = sys._getframe(1)
-    link = connect()
+    try:
+        link = connect()
+    except Refused as refused:  # as if no debugger: pdb on /dev/null would end the rank
+        print(f"[agent] no pdb for this process ({refused}): breakpoint() skipped", file=sys.stderr)
+        return
     if link is None:
         pdb.Pdb().set_trace(frame)
         return
@@ -191,7 +211,11 @@ def pause(*args: Any, header: str | None = None, **kwargs: Any) -> None:
 def post_mortem(exc: BaseException, timeout: float) -> None:
     """--pdb: pause at the frame that raised, for at most `timeout` seconds; then return (the
     rank goes on to fail with `exc`)."""
-    link = connect()
+    try:
+        link = connect()
+    except Refused as refused:
+        print(f"[agent] no post-mortem pdb for this process ({refused})", file=sys.stderr)
+        return
     if link is None or exc.__traceback__ is None:
         return
     text = f"{type(exc).__name__}: {exc}".splitlines()[0] if str(exc) else type(exc).__name__

@@ -1,11 +1,18 @@
 """One paused rank as its agent sees it: the rank's end of the unix socket (agent.pause.hook),
-where it stopped, what pdb printed since the last answer, and whether pdb waits for a line."""
+where it stopped, what pdb printed since the last answer, and whether pdb waits for a line.
+
+The link greets the process first (`welcome`: the hook waits for it before it starts pdb), then
+gives it `handshake` seconds to say who it is and where it stopped: a process that connects and
+says nothing, or less than a line, holds the desk's slot, its thread and its descriptor that
+long only. Once it has stopped, no read has a deadline: a rank runs on (`c` with breakpoints
+left) for as long as it likes."""
 
 from __future__ import annotations
 
 import contextlib
 import socket
 import threading
+import time
 from collections.abc import Callable
 
 from agent.pause.frames import encode, read
@@ -21,9 +28,15 @@ GONE = "gone"  # the session ended: continued, quit, or the rank died
 
 class RankLink:
     def __init__(
-        self, sock: socket.socket, host: str, on_pause: Callable[[RankLink], None]
+        self,
+        sock: socket.socket,
+        host: str,
+        on_pause: Callable[[RankLink], None],
+        handshake: float,  # seconds from the greeting to the process's first stop
+        on_end: Callable[[RankLink], None],  # once, when the session ended (its slot is free)
     ) -> None:
         self.sock, self.host, self.on_pause = sock, host, on_pause
+        self.handshake, self.on_end = handshake, on_end
         self.rank, self.pid = -1, 0
         self.where: Paused | None = None
         self.state = BUSY  # until pdb first asks for a line
@@ -83,16 +96,26 @@ class RankLink:
 
     def _read(self) -> None:
         stream = self.sock.makefile("rb")
+        deadline = time.monotonic() + self.handshake
         try:
-            while (message := read(stream)) is not None:
+            self.sock.settimeout(self.handshake)  # a process that reads nothing cannot hold us
+            self.sock.sendall(encode({"welcome": True}))
+            while True:
+                if self.where is None:  # a frame at a time: the whole handshake is bounded
+                    self.sock.settimeout(max(deadline - time.monotonic(), 0.001))
+                if (message := read(stream)) is None:
+                    break
                 self._on(message)
-        except (OSError, ValueError):
+                if self.where is not None:
+                    self.sock.settimeout(None)
+        except (OSError, ValueError):  # TimeoutError among them: the handshake's time is up
             pass
         finally:
             with self._cond:
                 self.state = GONE
                 self._cond.notify_all()
             self.close()
+            self.on_end(self)
 
     def _on(self, message: dict[str, object]) -> None:
         paused = None
