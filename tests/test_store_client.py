@@ -304,3 +304,16 @@ def test_a_wait_over_a_fresh_connection_keeps_its_deadline(server) -> None:
     with pytest.raises(StoreTimeout):
         ours.wait(["never"], 1.0)
     assert time.monotonic() - start < 5
+
+
+def test_a_key_deleted_between_a_check_and_its_get_reads_as_nothing_not_a_lost_store(server):
+    """torch's server closes the connection of a client that gets a missing key. Readers check,
+    then get (one round trip less); an outsider's delete in between closed ours on every retry
+    and the agent said "lost the job store" (the soak's clean seed 3000: exit 3, a hung job).
+    It reads as an empty value now (one that opens as nothing: the reader waits past it)."""
+    ours = _ours(server)
+    server.set("there", b"1")
+    assert ours.get("gone", wait=False) == b""
+    assert ours.multi_get(["there", "gone", "there"], wait=False) == [b"1", b"", b"1"]
+    ours.set("after", b"ok")
+    assert ours.get("after") == b"ok"  # the client goes on over its new connection

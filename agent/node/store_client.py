@@ -147,16 +147,28 @@ class StoreClient:
 
     def get(self, key: str, wait: bool = True) -> bytes:
         """Blocks until the key exists, like torch's get; `wait=False`: the caller knows it
-        exists (it waited for it, or checked it): one round trip instead of two."""
+        exists (it waited for it, or checked it): one round trip instead of two — and b"" if
+        it is gone by then (torch's server closes a connection that gets a missing key: an
+        outsider's delete between the check and the get must not read as a lost store)."""
+        tries = 0
 
         def query() -> bytes:
+            nonlocal tries
+            tries += 1
             if wait:
                 self._wait([key], None)
+            elif tries > 1 and not self._exists([key])[0]:
+                return b""  # deleted meanwhile: a value that opens as nothing
             self._send(bytes([wire.GET]) + wire.blob(wire.key_bytes(key)))
             return self._recv_blob()
 
         with self._lock:
             return self._again(query)
+
+    def _exists(self, keys: Sequence[str]) -> list[bool]:
+        """Whether each key exists now (one query each, pipelined)."""
+        self._send(b"".join(bytes([wire.CHECK]) + wire.keys_bytes([key]) for key in keys))
+        return [self._recv(1)[0] == wire.READY for _ in keys]
 
     def add(self, key: str, amount: int) -> int:
         return self.add_all([key], amount)[0]
@@ -176,6 +188,8 @@ class StoreClient:
                 for tries in range(REPAIRS + 1):
                     done = len(found)
                     try:
+                        if tries:  # inside the try: the repair's own queries may be closed on
+                            self._repair(part[0])
                         self._send(b"".join(wire.add_request(key, amount) for key in part))
                         for _ in part:
                             found.append(struct.unpack("<q", self._recv(8))[0])
@@ -184,14 +198,16 @@ class StoreClient:
                         if tries == REPAIRS or not self._reconnect():
                             raise
                     part = part[len(found) - done :]  # answered before the close: added
-                    self._repair(part[0])
         return found
 
     def _repair(self, key: str) -> None:
         """After the server closed the connection on an `add` to `key`: a value there that is
         not a number (anyone may set one over a counter) is reset to 0, or every add to it
         would close the connection again. A number is left as it is (the close had another
-        cause; the add is sent again and may count twice: counters only wake readers)."""
+        cause; the add is sent again and may count twice: counters only wake readers). A key
+        deleted meanwhile needs nothing: the add makes it again."""
+        if not self._exists([key])[0]:
+            return
         self._send(bytes([wire.GET]) + wire.blob(wire.key_bytes(key)))
         if NUMBER.fullmatch(self._recv_blob()):
             return
@@ -268,15 +284,32 @@ class StoreClient:
         instead of two). A tuple of keys asked again is not encoded again (node 0's heartbeat
         reads the same N counters every second)."""
 
+        tries = 0
+
         def query() -> list[bytes]:
+            nonlocal tries
+            tries += 1
             encoded = self._encode(keys)
             if wait:
                 self._wait(keys, None, encoded)
+            elif tries > 1:  # the server closed us: maybe a key was deleted after the check
+                there = self._exists(keys)
+                if not all(there):
+                    found = iter(
+                        self._multi_get([k for k, t in zip(keys, there, strict=True) if t])
+                    )
+                    return [next(found) if t else b"" for t in there]
             self._send(bytes([wire.MULTI_GET]) + encoded)
             return [self._recv_blob() for _ in range(len(keys))]
 
         with self._lock:
             return self._again(query)
+
+    def _multi_get(self, keys: Sequence[str]) -> list[bytes]:
+        if not keys:
+            return []
+        self._send(bytes([wire.MULTI_GET]) + wire.keys_bytes(keys))
+        return [self._recv_blob() for _ in keys]
 
     def close(self) -> None:
         try:

@@ -20,8 +20,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from bench import breakdown, launchers
 from bench import common as c
-from bench import launchers
 from bench.stats import Table, Target, median, ratio, secs, spread, times
 
 NODES, NPROC = 4, 2
@@ -56,10 +56,16 @@ def prog(where: Path, *fail: str) -> list[str]:
 
 # -- one timed run ------------------------------------------------------------------------------
 def timed(
-    cmds: Sequence[Cmd], where: Path, world: int, cwd: Path, timeout: float = RUN_TIMEOUT
+    cmds: Sequence[Cmd],
+    where: Path,
+    world: int,
+    cwd: Path,
+    timeout: float = RUN_TIMEOUT,
+    log_dir: Path | None = None,
 ) -> dict[str, Any]:
     """Start `cmds` at once (press = just before the first Popen), wait for them, read the ranks'
-    files in `where`: first line, all_reduce done, exit — seconds after the press."""
+    files in `where`: first line, all_reduce done, exit — seconds after the press; with the
+    run's `log_dir`, where the time went (breakdown.phases)."""
     press = time.time()
     run = c.start(cmds, cwd)
     try:
@@ -78,6 +84,10 @@ def timed(
             exit=max(run.wall_ends.values()) - press,
             preloaded=sum(1 for r in ranks if r.get("preloaded")),
         )
+        if log_dir is not None:
+            found = breakdown.phases(press, max(run.wall_ends.values()), ranks, log_dir)
+            if found is not None:
+                result["phases"] = found
     else:
         result["error"] = (
             ("timed out; " if not exited else "") + c.tail(cmds[0][2]) or c.tail(cmds[-1][2])
@@ -441,7 +451,8 @@ def run(
         tag = f"relaunch-{cell}-{rep}"
         where = work / tag
         where.mkdir()
-        record(cell, rep, timed(cmds_for(tag, where), where, world, work))
+        logs = work / f"{tag}-logs"  # the resident runs' (Loopback.run_cmd)
+        record(cell, rep, timed(cmds_for(tag, where), where, world, work, log_dir=logs))
 
     world = NODES * NPROC
     agents = Loopback(work, NODES)
@@ -497,6 +508,16 @@ def run(
                     )
     finally:
         data["loopback_down"] = agents.down()
+    single = Loopback(work, 1)  # the breakdown's smallest shape: one node × NPROC warm ranks
+    single.start()
+    try:
+        ready, warm, _ = await_agents(single.status, 1, READY_TIMEOUT, single.alive)
+        if ready and warm:
+            one("warm-1-up", 0, single.run_cmd, NPROC)
+            for i in range(warm_per_round):
+                one("warm-1", i, single.run_cmd, NPROC)
+    finally:
+        data["single_down"] = single.down()
     data["slurm"] = info = ensure_slurm(log)
     if not info["available"]:
         log(f"relaunch: Slurm skipped: {info['why']}")
@@ -646,12 +667,37 @@ def summarize(data: dict[str, Any]) -> tuple[list[Table], list[Target], dict[str
         "one-shot agent prepares while attempt 0 runs (torch import) is ready by then; a failure "
         "before it is ready restarts cold. The time is taken just before os._exit(1).",
     ]
+    where_tables = [_breakdown_table(data, n, p, sn)]
     summary = {
         "median": med,
         "restart": {"first_line": rmed, "all_reduce": rmed_b},
         "warm_vs_torchrun": speed,
     }
-    return [table, restart], targets, summary
+    return [table, restart, *where_tables], targets, summary
+
+
+def _breakdown_table(data: dict[str, Any], n: int, p: int, sn: int) -> Table:
+    """7c: the median of each phase (breakdown.PHASES) over the warm runs of each shape."""
+    shapes = (("warm-1", f"1 × {p} (loopback)"), ("warm", f"{n} × {p} (loopback)"),
+              ("slurm-warm", f"{sn} × {p} (Slurm)"))  # fmt: skip
+    table = Table(
+        "7c. Where a warm `agent run` spends Enter → prompt (median seconds per phase)",
+        ["phase", *(label for _, label in shapes)],
+    )
+    runs = {cell: [r["phases"] for r in data["runs"] if r.get("cell") == cell and r.get("phases")]
+            for cell, _ in shapes}  # fmt: skip
+    for name, what in breakdown.PHASES:
+        table.add(what, *(secs(median([r[name] for r in runs[cell]])) for cell, _ in shapes))
+    table.add("Enter → prompt (the sum)",
+              *(secs(median([sum(r.values()) for r in runs[cell]])) for cell, _ in shapes))  # fmt: skip
+    table.notes += [
+        "From the run's own files: node 0's agent log (ms timestamps), each rank's record "
+        "(relaunch_rank.py), summary.json (each rank's exit as its agent saw it; the file's "
+        "time), and the bench's clock at Enter and at the client's exit. '-': no such run "
+        "(the Slurm session's log dirs are not read). The user's work is the all_reduce row; "
+        "the client's interpreter start (~0.06-0.1 s, `python -m agent --help`) is in the first.",
+    ]
+    return table
 
 
 def _forked(counts: list[int], world: int) -> str:
