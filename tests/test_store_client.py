@@ -307,10 +307,10 @@ def test_a_wait_over_a_fresh_connection_keeps_its_deadline(server) -> None:
 
 
 def test_a_key_deleted_between_a_check_and_its_get_reads_as_nothing_not_a_lost_store(server):
-    """torch's server closes the connection of a client that gets a missing key. Readers check,
-    then get (one round trip less); an outsider's delete in between closed ours on every retry
-    and the agent said "lost the job store" (the soak's clean seed 3000: exit 3, a hung job).
-    It reads as an empty value now (one that opens as nothing: the reader waits past it)."""
+    """Readers check, then get (one round trip less); an outsider may delete the key in
+    between. It reads as an empty value (one that opens as nothing: the reader waits past it),
+    never as a lost store: torch's libuv server answers one; its older backend closes the
+    connection, and the client checks again on its new one."""
     ours = _ours(server)
     server.set("there", b"1")
     assert ours.get("gone", wait=False) == b""

@@ -25,6 +25,10 @@ PIPELINE = 1024  # queries sent before their answers are read (neither side's bu
 DEFERRED_CONNECT = 2.0  # seconds a deferred client retries a refused connect
 REPAIRS = 20  # counters reset in a row (each after an outsider's non-number) before giving up
 RECONNECTS = 5  # fresh connections one query takes in a row before the store counts as gone
+# Seconds a fresh connection may go unanswered before the store counts as gone: torch's server
+# stalls on a reverse-DNS lookup per connection where resolvers drop queries (5-10 s each, more
+# with a crowd of connections ahead of ours); one that refuses is gone at once.
+RECONNECT_PATIENCE = 60.0
 NUMBER = re.compile(rb"\s*[-+]?\d{1,18}")  # what the server's add reads as a number (stoll)
 log = logging.getLogger("agent")
 T = TypeVar("T")
@@ -148,8 +152,9 @@ class StoreClient:
     def get(self, key: str, wait: bool = True) -> bytes:
         """Blocks until the key exists, like torch's get; `wait=False`: the caller knows it
         exists (it waited for it, or checked it): one round trip instead of two — and b"" if
-        it is gone by then (torch's server closes a connection that gets a missing key: an
-        outsider's delete between the check and the get must not read as a lost store)."""
+        it is gone by then: an outsider's delete between the check and the get must not read as
+        a lost store (torch's libuv server answers an empty value; its older backend closes the
+        connection instead, and the query is retried here after a check)."""
         tries = 0
 
         def query() -> bytes:
@@ -248,17 +253,21 @@ class StoreClient:
         self.close()
         self._buf.clear()
         self._pos = 0
-        budget = float(sum(HANDSHAKES))
-        if deadline is not None:
-            budget = max(0.1, min(budget, deadline - time.monotonic()))
-        try:
-            fresh = StoreClient.connect(  # refused: gone at once; silent: each handshake
-                *self._address, budget, self._op_timeout, patient=False
-            )
-        except (OSError, RuntimeError):
-            return False
-        self._sock = fresh._sock
-        return True
+        end = time.monotonic() + RECONNECT_PATIENCE if deadline is None else deadline
+        while True:
+            budget = max(0.1, min(float(sum(HANDSHAKES)), end - time.monotonic()))
+            try:
+                fresh = StoreClient.connect(  # refused: gone at once; silent: each handshake
+                    *self._address, budget, self._op_timeout, patient=False
+                )
+            except _Silent:  # connected, never answered: a server stalled, not one gone
+                if time.monotonic() < end:
+                    continue
+                return False
+            except (OSError, RuntimeError):
+                return False
+            self._sock = fresh._sock
+            return True
 
     def check(self, keys: Sequence[str]) -> bool:
         query = bytes([wire.CHECK]) + wire.keys_bytes(keys)
