@@ -223,6 +223,36 @@ def test_a_plan_garbled_faster_than_anyone_reads_it_still_reaches_node_1(server)
         attacker.join(10)
 
 
+def test_notes_garbled_faster_than_the_looks_come_still_end_the_barrier(server) -> None:
+    """The soak's restart seed 3005: both agents' notes garbled every few hundred ms; each agent
+    wrote its own again at its looks, node 0 never found both sealed at one look, and the job
+    hung. A note read sealed once counts (its agent arrived), and one that does not open is
+    looked for among its agent's secret-named copies."""
+    first, second, evil = scope(server, 0), scope(server, 1), outsider(server)
+    stop = threading.Event()
+    notes = [first.key("in", 0), first.key("in", 1)]
+
+    def garble() -> None:  # every note, every 5 ms, once it exists
+        while not stop.is_set():
+            for key in notes:
+                if evil.check([key]):
+                    evil.set(key, b"garbage")
+            stop.wait(0.005)
+
+    attacker = threading.Thread(target=garble, daemon=True)
+    attacker.start()
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            waiting = pool.submit(first.barrier, 2, 30.0, NAMES)
+            wait_for(lambda: evil.check([notes[0]]) and evil.get(notes[0]) == b"garbage", 10,
+                     "the outsider to garble node 0's note")  # fmt: skip
+            second.barrier(2, 30.0, NAMES)
+            waiting.result(timeout=30)
+    finally:
+        stop.set()
+        attacker.join(10)
+
+
 def test_a_reader_goes_on_to_the_writers_latest_copy(server) -> None:
     """Copies deleted or garbled before anyone read them: the reader goes on to the writer's
     latest (an outsider cannot write a copy's name before the writer does: it needs the

@@ -24,6 +24,7 @@ from agent.node.trust import JobKeys, Refused
 
 log = logging.getLogger("agent")
 LOOK_FIRST = 1.0  # seconds a barrier waits before it looks past its counter, doubling...
+COPIES_LOOKED_AT = 64  # a note's copies read at most per look (each costs a query)
 LOOK_MAX = 8.0  # ...up to this: an outsider's delete or reset of the count costs this at most
 
 
@@ -78,10 +79,13 @@ class Scope:
         data = self.store.get_bytes(key, present)
         record = read_sealed(
             self.store, self.keys, key, what, data, timeout, woken=woken,
-            copies=lambda n: self.keys.copy_name(key, n),
+            copies=self._copies_of(key),
         )  # fmt: skip
         assert record is not None  # no stop event: only a record or an exception ends it
         return record
+
+    def _copies_of(self, key: str) -> Callable[[int], str]:
+        return lambda number: self.keys.copy_name(key, number)
 
     def put_again(self, name: str, record: dict[str, Any], number: int) -> None:
         """The record written again (found gone or garbled), and as its `number`-th copy under
@@ -111,7 +115,9 @@ class Scope:
         keys = [self.key(name) for name in names]
         found = []
         for key, data in zip(keys, self.store.multi_get(keys), strict=True):
-            record = read_sealed(self.store, self.keys, key, what, data, timeout)
+            record = read_sealed(
+                self.store, self.keys, key, what, data, timeout, copies=self._copies_of(key)
+            )
             assert record is not None
             found.append(record)
         return found
@@ -201,6 +207,7 @@ class Scope:
         whenever it looks and finds one gone or not opening (a deletion delays, never decides)."""
         kept = kept or {}
         copies: dict[str, int] = {}  # how many times each kept record was put again
+        seen: set[int] = set()  # agents whose sealed note was read: arrived, whatever comes after
         s = self.store
         mine = f"in/{self.index}"
         self.put(mine, note or {})
@@ -209,7 +216,7 @@ class Scope:
         waited = [i for i in range(agents) if i not in absent]
         # The counter only wakes: the barrier ends on a sealed record, written once every
         # sealed note is in (an outsider's bump of the count ends nothing early).
-        if count >= expected and self._all_in(waited):
+        if count >= expected and self._all_in(waited, seen):
             self.put("done", {})
         else:
             log.info("waiting for %d more agent(s) %s", expected - count, doing)
@@ -230,7 +237,8 @@ class Scope:
             outsider, must not keep us from writing it: the soak's clean seed 2008). A full
             look costs a query of every note."""
             if self.get_if(mine, "host announcement") is None:
-                self.put(mine, note or {})
+                copies[mine] = copies.get(mine, 0) + 1
+                self.put_again(mine, note or {}, copies[mine])
             for name, record in kept.items():
                 if self.get_if(name, name) is None:
                     log.warning(
@@ -238,9 +246,9 @@ class Scope:
                     )
                     copies[name] = copies.get(name, 0) + 1
                     self.put_again(name, record, copies[name])
-            if (full or self.index == waited[0] or s.add(self.key("arrived"), 0) >= expected) and (
-                s.exists_all([self.key("in", i) for i in waited]) and self._all_in(waited)
-            ):
+            if (
+                full or self.index == waited[0] or s.add(self.key("arrived"), 0) >= expected
+            ) and self._all_in(waited, seen):
                 self.put("done", {})
 
         arrived = False
@@ -287,15 +295,39 @@ class Scope:
             ExitCode.RENDEZVOUS,
         )
 
-    def _all_in(self, waited: Sequence[int]) -> bool:
-        """Whether every awaited agent's sealed note is there (one query)."""
-        keys = [self.key("in", i) for i in waited]
-        for key, data in zip(keys, self.store.multi_get(keys, present=True), strict=True):
-            try:
-                self.keys.unseal(data, key, "host announcement")
-            except Refused:
-                return False
+    def _all_in(self, waited: Sequence[int], seen: set[int]) -> bool:
+        """Whether every awaited agent's sealed note has been read, here or at an earlier look
+        (`seen`, updated): a note that was sealed once means its agent arrived, whatever an
+        outsider does to it later. One query when every note not yet seen is there; a note
+        that does not open is looked for among its agent's copies (written again under secret
+        names, `put_again`): an outsider garbling every note faster than the looks come cannot
+        keep the barrier from ending."""
+        todo = [i for i in waited if i not in seen]
+        keys = {i: self.key("in", i) for i in todo}
+        if todo and not self.store.exists_all(list(keys.values())):
+            todo = [i for i in todo if self.store.exists(keys[i])]  # the others: not yet
+        values = self.store.multi_get([keys[i] for i in todo], present=True) if todo else []
+        for i, data in zip(todo, values, strict=True):
+            if self._opens(keys[i], data) or self._a_copy_opens(keys[i]):
+                seen.add(i)
+        return seen.issuperset(waited)
+
+    def _opens(self, key: str, data: bytes) -> bool:
+        try:
+            self.keys.unseal(data, key, "host announcement")
+        except Refused:
+            return False
         return True
+
+    def _a_copy_opens(self, key: str) -> bool:
+        """Whether one of the copies written so far (1, 2, … up to the first absent) opens."""
+        for number in range(1, COPIES_LOOKED_AT + 1):
+            copy = self.keys.copy_name(key, number)
+            if not self.store.exists(copy):
+                return False
+            if self._opens(copy, self.store.get_bytes(copy, present=True)):
+                return True
+        return False
 
 
 def refused(failure: Failure) -> bool:
