@@ -281,8 +281,9 @@ def test_exits_like_cpython(zygote, args, code):
 
 
 @pytest.fixture(scope="module")
-def fast_zygote():
-    with Zygote.start([], base_env(), fast_exit=True) as zygote:
+def full_zygote():
+    """Ranks that end through CPython's whole shutdown (the default skips module teardown)."""
+    with Zygote.start([], base_env(), fast_exit=False) as zygote:
         assert zygote.wait_ready(60), zygote.info
         yield zygote
 
@@ -290,13 +291,14 @@ def fast_zygote():
 @pytest.mark.parametrize(
     "args", [["code", "3"], ["message", "m"], ["raise"], ["text", "hi"], ["late"], ["kill"]]
 )
-def test_fast_exit_keeps_what_scripts_rely_on(fast_zygote, args):
-    """Skipping module teardown keeps exit codes, messages, thread joins and atexit."""
-    assert warm(fast_zygote, [EXIT, *args]) == fresh([EXIT, *args])
+def test_a_full_shutdown_keeps_what_scripts_rely_on_too(full_zygote, args):
+    """The default (tested above: test_exits_like_cpython) skips module teardown; the whole
+    shutdown gives the same exit codes, messages, thread joins and atexit."""
+    assert warm(full_zygote, [EXIT, *args]) == fresh([EXIT, *args])
 
 
-def test_fast_exit_dies_by_sigint(fast_zygote):
-    rank = Rank(fast_zygote, [EXIT, "wait"], base_env(), str(FIXTURES))
+def test_a_full_shutdown_dies_by_sigint(full_zygote):
+    rank = Rank(full_zygote, [EXIT, "wait"], base_env(), str(FIXTURES))
     rank.wait_for("waiting\n")
     os.kill(rank.proc.pid, signal.SIGINT)
     code, _, err = rank.finish()
@@ -315,11 +317,11 @@ def test_keyboard_interrupt_dies_by_sigint(zygote):
 
 
 @pytest.mark.parametrize("fast", [False, True])
-def test_files_left_open_are_flushed_at_exit(zygote, fast_zygote, tmp_path, fast):
+def test_files_left_open_are_flushed_at_exit(zygote, full_zygote, tmp_path, fast):
     """As the interpreter's own shutdown does: a file the script never closed gets its data, a
     gzip file its trailer (a fast exit closes them, wrappers first)."""
     target, packed = tmp_path / "left-open.txt", tmp_path / "left-open.gz"
-    z = fast_zygote if fast else zygote
+    z = zygote if fast else full_zygote
     assert warm(z, [EXIT, "unflushed", str(target)]) == (0, "", "")
     assert target.read_text() == "written at exit\n"
     assert warm(z, [EXIT, "gzip", str(packed)]) == (0, "", "")

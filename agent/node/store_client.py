@@ -260,7 +260,9 @@ class StoreClient:
                 fresh = StoreClient.connect(  # refused: gone at once; silent: each handshake
                     *self._address, budget, self._op_timeout, patient=False
                 )
-            except _Silent:  # connected, never answered: a server stalled, not one gone
+            # Accepted and never answered, or a connect that timed out (a full listen backlog
+            # drops the handshake's SYN: no RST): a server stalled, not one gone.
+            except (_Silent, TimeoutError):
                 if time.monotonic() < end:
                     continue
                 return False

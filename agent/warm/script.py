@@ -164,14 +164,15 @@ def _close_left_open() -> None:
     teardown: wrappers before what they wrap (text, then compressed and other buffered files,
     then the plain buffers, then raw files), so each close flushes into an open file. stdio is
     flushed by the caller, not closed. Errors are ignored, as __del__'s are."""
+    import _io  # the C bases: isinstance on io's ABCs costs 0.36 s over torch's 165k objects
     import gc
-    import io
 
     std = {id(s) for s in (sys.stdin, sys.stdout, sys.stderr) if s is not None}
     std |= {id(getattr(s, "buffer", None)) for s in (sys.stdout, sys.stderr, sys.stdin)}
-    found: list[list[io.IOBase]] = [[], [], [], []]
+    found: list[list[Any]] = [[], [], [], []]
     for obj in gc.get_objects():
-        if not isinstance(obj, io.IOBase) or id(obj) in std:
+        kind = type(obj)  # never obj.__class__: a proxy's (torch's deprecated names) warns
+        if not issubclass(kind, _io._IOBase) or id(obj) in std:
             continue
         try:
             if obj.closed or obj.fileno() in (0, 1, 2):  # stdio's layers, however wrapped
@@ -180,9 +181,9 @@ def _close_left_open() -> None:
             pass
         except Exception:  # a half-built object: nothing to flush
             continue
-        if isinstance(obj, io.TextIOBase):
+        if issubclass(kind, _io._TextIOBase):
             found[0].append(obj)
-        elif isinstance(obj, io.BufferedIOBase):
+        elif issubclass(kind, _io._BufferedIOBase):
             found[2 if hasattr(obj, "raw") else 1].append(obj)
         else:
             found[3].append(obj)
