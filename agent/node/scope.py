@@ -298,14 +298,14 @@ class Scope:
     def _all_in(self, waited: Sequence[int], seen: set[int]) -> bool:
         """Whether every awaited agent's sealed note has been read, here or at an earlier look
         (`seen`, updated): a note that was sealed once means its agent arrived, whatever an
-        outsider does to it later. One query when every note not yet seen is there; a note
+        outsider does to it later. Two queries when every note not yet seen is there; a note
         that does not open is looked for among its agent's copies (written again under secret
         names, `put_again`): an outsider garbling every note faster than the looks come cannot
         keep the barrier from ending."""
         todo = [i for i in waited if i not in seen]
         keys = {i: self.key("in", i) for i in todo}
         if todo and not self.store.exists_all(list(keys.values())):
-            todo = [i for i in todo if self.store.exists(keys[i])]  # the others: not yet
+            return False  # not every agent here yet (or a note deleted: its agent writes it again)
         values = self.store.multi_get([keys[i] for i in todo], present=True) if todo else []
         for i, data in zip(todo, values, strict=True):
             if self._opens(keys[i], data) or self._a_copy_opens(keys[i]):
