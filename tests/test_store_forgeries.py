@@ -253,6 +253,34 @@ def test_notes_garbled_faster_than_the_looks_come_still_end_the_barrier(server) 
         attacker.join(10)
 
 
+@pytest.mark.parametrize("tamper", ["garbage", "delete"])
+def test_a_done_record_garbled_or_deleted_as_fast_as_it_comes_still_ends_the_barrier(
+    server, tamper
+) -> None:
+    """The soak's clean seed 4000: the barrier's done record garbled every few hundred ms; the
+    agents wrote it again and polled the known key, never catching it sealed (a hung job). Each
+    write of it is also a secret-named copy, which a waiting agent blocks on."""
+    first, second, evil = scope(server, 0), scope(server, 1), outsider(server)
+    done = first.key("done")
+    stop = threading.Event()
+
+    def attack() -> None:  # the done record, every 2 ms, from before anyone writes it
+        while not stop.is_set():
+            evil.set(done, b"garbage") if tamper == "garbage" else evil.delete_key(done)
+            stop.wait(0.002)
+
+    attacker = threading.Thread(target=attack, daemon=True)
+    attacker.start()
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            waiting = pool.submit(first.barrier, 2, 30.0, NAMES)
+            second.barrier(2, 30.0, NAMES)
+            waiting.result(timeout=30)
+    finally:
+        stop.set()
+        attacker.join(10)
+
+
 def test_a_reader_goes_on_to_the_writers_latest_copy(server) -> None:
     """Copies deleted or garbled before anyone read them: the reader goes on to the writer's
     latest (an outsider cannot write a copy's name before the writer does: it needs the
