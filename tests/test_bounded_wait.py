@@ -7,6 +7,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 
 import pytest
@@ -113,6 +114,40 @@ def test_a_node_whose_own_result_vanishes_writes_it_again(server, forgery) -> No
     judge.start()
     judge.join(30)  # a hang-catcher: the node re-posts within its first checks
     assert judged == [[{"exits": [], "n": 0}, RESULT]]
+    node0.put("verdict", {"restart": False, "code": 0})
+    node0.close()
+    waiter.join(30)
+    assert got == [{"restart": False, "code": 0}]
+
+
+def test_a_result_garbled_faster_than_node_0_reads_it_still_reaches_node_0(server) -> None:
+    """The soak's clean seed 4012: node 1's result garbled every few hundred ms; node 1 wrote it
+    again at its checks, node 0 polled the known key and never caught it sealed (a hung job).
+    Each time it is written again it is also a secret-named copy node 0 blocks on."""
+    node0, reader, evil = scope(server, 0), scope(server, 1), outsider(server)
+    reader.put("result/1", RESULT)
+    landed(reader, "result/1")
+    key = reader.key("result/1")
+    stop = threading.Event()
+
+    def garble() -> None:
+        while not stop.is_set():
+            evil.set(key, b"garbage")
+            stop.wait(0.002)
+
+    attacker = threading.Thread(target=garble, daemon=True)
+    attacker.start()
+    got: list[dict] = []
+    waiter = threading.Thread(target=lambda: got.append(wait_verdict(reader)))
+    waiter.start()
+    judge = ThreadPoolExecutor(1)
+    try:
+        judged = judge.submit(results_with_own, node0, [0, 1], 0, {"exits": [], "n": 0})
+        assert judged.result(timeout=60) == [{"exits": [], "n": 0}, RESULT]  # a hang-catcher
+    finally:
+        stop.set()
+        attacker.join(10)
+    judge.shutdown(wait=False)
     node0.put("verdict", {"restart": False, "code": 0})
     node0.close()
     waiter.join(30)

@@ -207,7 +207,7 @@ class Scope:
         whenever it looks and finds one gone or not opening (a deletion delays, never decides)."""
         kept = kept or {}
         copies: dict[str, int] = {}  # how many times each kept record was put again
-        seen: set[int] = set()  # agents whose sealed note was read: arrived, whatever comes after
+        seen = {self.index}  # agents whose sealed note was read: arrived, whatever comes after
         s = self.store
         mine = f"in/{self.index}"
         self.put(mine, note or {})
@@ -229,19 +229,23 @@ class Scope:
             if failure is not None:
                 raise PeerFailed(could_not(failure, names), refused=refused(failure))
 
-        def look(full: bool = False) -> None:
+        def look(full: bool = False) -> bool:
             """Past the counter, which an outsider may delete, reset or bump: our own note
             written again if it is gone or does not open, and the done record written by
             whoever finds every sealed note in (the first awaited agent looks each time; the
             others when the count says so, or `full`: the done record is there but garbled —
             the first agent may have left the barrier already, so the counter, set back by an
             outsider, must not keep us from writing it: the soak's clean seed 2008). A full
-            look costs a query of every note."""
+            look costs a query of every note. Returns whether it found a record of ours gone or
+            garbled (an outsider at work: the next look comes in LOOK_FIRST, not later)."""
+            tampered = False
             if self.get_if(mine, "host announcement") is None:
+                tampered = True
                 copies[mine] = copies.get(mine, 0) + 1
                 self.put_again(mine, note or {}, copies[mine])
             for name, record in kept.items():
                 if self.get_if(name, name) is None:
+                    tampered = True
                     log.warning(
                         "the %s record written here is gone or altered: written again", name
                     )
@@ -254,6 +258,7 @@ class Scope:
                 # however fast an outsider garbles the known key (soak clean seed 4000)
                 copies["done"] = copies.get("done", 0) + 1
                 self.put_again("done", {}, copies["done"])
+            return tampered
 
         arrived = False
         pause = LOOK_FIRST
@@ -265,8 +270,9 @@ class Scope:
             arrived = s.wait([done], min(pause, left)) or s.exists(self.keys.copy_name(done, 1))
             woken()
             if not arrived:
-                look()
-                pause = min(pause * 2, LOOK_MAX)
+                # an outsider garbling the notes faster than the looks come: look every second
+                # (each look a chance to read the others' notes sealed; `seen` keeps them)
+                pause = LOOK_FIRST if look() else min(pause * 2, LOOK_MAX)
         if arrived:
             left = max(deadline - time.monotonic(), 0.001)
 

@@ -110,6 +110,7 @@ def verdict_over(scope: Scope, own_result: tuple[str, dict[str, Any]] | None) ->
     record, its agent's departure. `own_result` (a node that ran ranks): the name and record of
     our result, which node 0 waits for: written again when it is gone or does not open."""
     members = Scope(scope.store, MEMBERSHIP, scope.index, scope.keys)
+    again = [0]  # times our result was written again: each also a copy node 0 blocks on
 
     def over() -> str:
         if own_result is not None:
@@ -119,7 +120,8 @@ def verdict_over(scope: Scope, own_result: tuple[str, dict[str, Any]] | None) ->
                     "%s: the result this node wrote is gone or does not open; written again",
                     scope.key(name),
                 )
-                scope.put(name, record)
+                again[0] += 1
+                scope.put_again(name, record, again[0])
         abort = scope.abort()
         if abort is not None and abort.closed:
             return "node 0 has closed the attempt"
