@@ -4,6 +4,7 @@ only, and a wait that never gets one ends as suspected tampering."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -41,6 +42,26 @@ def scope(server, index: int, prefix: str = "r0", wakes=("done",)) -> Scope:
 
 def outsider(server) -> TCPStore:
     return TCPStore("127.0.0.1", server.port, is_master=False, timeout=timedelta(seconds=30))
+
+
+@contextlib.contextmanager
+def hammering(act, every: float):
+    """`act()` every `every` seconds on a thread of its own while the block runs: an outsider
+    far faster than any reader polls (1 s apart at most)."""
+    stop = threading.Event()
+
+    def loop() -> None:
+        while not stop.is_set():
+            act()
+            stop.wait(every)
+
+    attacker = threading.Thread(target=loop, daemon=True)
+    attacker.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        attacker.join(10)
 
 
 def test_a_forged_value_is_waited_past_until_the_sealed_record_comes(server) -> None:
@@ -165,11 +186,14 @@ def test_node_0_gathers_the_reports_though_their_counter_was_deleted(server) -> 
     assert took <= 10, f"{took:.1f}s: node 0 waited for the counter"
 
 
-@pytest.mark.parametrize("forgery", [None, b"garbage"])  # deleted, or replaced by garbage
-def test_node_0_whose_plan_was_deleted_or_garbled_writes_it_again(server, forgery) -> None:
+@pytest.mark.parametrize("attack", ["deleted", "garbled", "garbled every 5 ms"])
+def test_node_0_whose_plan_was_deleted_or_garbled_writes_it_again(server, attack) -> None:
     """A deletion delays, never decides: node 0 looks past its barrier's counter and finds the
     plan it published gone (the soak's most common outcome change: node 0 ended the job as
-    tampering, exit 4, node 1 never arrived); it writes the plan again and the run goes on."""
+    tampering, exit 4, node 1 never arrived); it writes the plan again and the run goes on.
+    Garbled every 5 ms (the soak's seed 2000: node 1 polled the known key and never caught a
+    sealed plan between node 0's writes), each write is also a copy under a name only the job
+    can compute, and node 1, blocked on that name, reads it the moment it comes."""
     leader, follower, evil = (
         scope(server, 0, wakes=("plan", "done")),
         scope(server, 1, wakes=("plan", "done")),
@@ -179,48 +203,16 @@ def test_node_0_whose_plan_was_deleted_or_garbled_writes_it_again(server, forger
     leader.put("plan", record)
     assert leader.store.exists(leader.key("plan"))  # processed before the outsider's write
     key = leader.key("plan")
-    evil.delete_key(key) if forgery is None else evil.set(key, forgery)
+    evil.delete_key(key) if attack == "deleted" else evil.set(key, b"garbage")
+    often = attack == "garbled every 5 ms"
+    garbled = hammering(lambda: evil.set(key, b"garbage"), 0.005 if often else 3600)
     start = time.monotonic()
-    with ThreadPoolExecutor(1) as pool:
-        ended = pool.submit(leader.barrier, 2, 30.0, NAMES, kept={"plan": record})
-        assert follower.get("plan", "config payload", timeout=30) == record
-        follower.barrier(2, 30.0, NAMES)
-        ended.result(timeout=30)
+    with garbled, ThreadPoolExecutor(1) as pool:
+        ended = pool.submit(leader.barrier, 2, 60.0, NAMES, kept={"plan": record})
+        assert follower.get("plan", "config payload", timeout=60) == record
+        follower.barrier(2, 60.0, NAMES)
+        ended.result(timeout=60)
     assert time.monotonic() - start < 10 * (LOOK_FIRST + 1)  # a hang-catcher: one look re-posts
-
-
-def test_a_plan_garbled_faster_than_anyone_reads_it_still_reaches_node_1(server) -> None:
-    """The soak's seed 2000: an outsider garbled `r0/plan` every few hundred ms; node 0 wrote it
-    again at each look, node 1 polled the known key and never caught a sealed one (the job hung).
-    Each time node 0 puts it again it also writes a copy under a name only the job can compute,
-    and node 1, blocked on that name, reads it the moment it comes."""
-    leader, follower, evil = (
-        scope(server, 0, wakes=("plan", "done")),
-        scope(server, 1, wakes=("plan", "done")),
-        outsider(server),
-    )
-    record = {"plan": {"script": "train.py"}, "absent": []}
-    leader.put("plan", record)
-    assert leader.store.exists(leader.key("plan"))
-    stop = threading.Event()
-
-    def garble() -> None:  # every 5 ms, far faster than a reader polls (1 s apart at most)
-        while not stop.is_set():
-            evil.set(leader.key("plan"), b"garbage")
-            evil.check([leader.key("plan")])  # paced by the server's answers
-            stop.wait(0.005)
-
-    attacker = threading.Thread(target=garble, daemon=True)
-    attacker.start()
-    try:
-        with ThreadPoolExecutor(1) as pool:
-            ended = pool.submit(leader.barrier, 2, 60.0, NAMES, kept={"plan": record})
-            assert follower.get("plan", "config payload", timeout=60) == record
-            follower.barrier(2, 60.0, NAMES)
-            ended.result(timeout=60)
-    finally:
-        stop.set()
-        attacker.join(10)
 
 
 def test_notes_garbled_faster_than_the_looks_come_still_end_the_barrier(server) -> None:
@@ -229,28 +221,19 @@ def test_notes_garbled_faster_than_the_looks_come_still_end_the_barrier(server) 
     hung. A note read sealed once counts (its agent arrived), and one that does not open is
     looked for among its agent's secret-named copies."""
     first, second, evil = scope(server, 0), scope(server, 1), outsider(server)
-    stop = threading.Event()
     notes = [first.key("in", 0), first.key("in", 1)]
 
-    def garble() -> None:  # every note, every 5 ms, once it exists
-        while not stop.is_set():
-            for key in notes:
-                if evil.check([key]):
-                    evil.set(key, b"garbage")
-            stop.wait(0.005)
+    def garble() -> None:  # every note, once it exists
+        for key in notes:
+            if evil.check([key]):
+                evil.set(key, b"garbage")
 
-    attacker = threading.Thread(target=garble, daemon=True)
-    attacker.start()
-    try:
-        with ThreadPoolExecutor(1) as pool:
-            waiting = pool.submit(first.barrier, 2, 30.0, NAMES)
-            wait_for(lambda: evil.check([notes[0]]) and evil.get(notes[0]) == b"garbage", 10,
-                     "the outsider to garble node 0's note")  # fmt: skip
-            second.barrier(2, 30.0, NAMES)
-            waiting.result(timeout=30)
-    finally:
-        stop.set()
-        attacker.join(10)
+    with hammering(garble, 0.005), ThreadPoolExecutor(1) as pool:
+        waiting = pool.submit(first.barrier, 2, 30.0, NAMES)
+        wait_for(lambda: evil.check([notes[0]]) and evil.get(notes[0]) == b"garbage", 10,
+                 "the outsider to garble node 0's note")  # fmt: skip
+        second.barrier(2, 30.0, NAMES)
+        waiting.result(timeout=30)
 
 
 @pytest.mark.parametrize("tamper", ["garbage", "delete"])
@@ -262,23 +245,14 @@ def test_a_done_record_garbled_or_deleted_as_fast_as_it_comes_still_ends_the_bar
     write of it is also a secret-named copy, which a waiting agent blocks on."""
     first, second, evil = scope(server, 0), scope(server, 1), outsider(server)
     done = first.key("done")
-    stop = threading.Event()
 
-    def attack() -> None:  # the done record, every 2 ms, from before anyone writes it
-        while not stop.is_set():
-            evil.set(done, b"garbage") if tamper == "garbage" else evil.delete_key(done)
-            stop.wait(0.002)
+    def attack() -> None:  # the done record, from before anyone writes it
+        evil.set(done, b"garbage") if tamper == "garbage" else evil.delete_key(done)
 
-    attacker = threading.Thread(target=attack, daemon=True)
-    attacker.start()
-    try:
-        with ThreadPoolExecutor(1) as pool:
-            waiting = pool.submit(first.barrier, 2, 30.0, NAMES)
-            second.barrier(2, 30.0, NAMES)
-            waiting.result(timeout=30)
-    finally:
-        stop.set()
-        attacker.join(10)
+    with hammering(attack, 0.002), ThreadPoolExecutor(1) as pool:
+        waiting = pool.submit(first.barrier, 2, 30.0, NAMES)
+        second.barrier(2, 30.0, NAMES)
+        waiting.result(timeout=30)
 
 
 def test_a_reader_goes_on_to_the_writers_latest_copy(server) -> None:
