@@ -41,7 +41,7 @@ class JobKeys:
     check_value: str  # public: equal for agents that hold the same secret, reveals nothing
     aead_key: bytes
     client_key: bytes  # authenticates clients of node 0's resident endpoint (agent.control.wire)
-    naming_key: bytes = b""  # names only the job's agents can compute (`copy_name`)
+    naming_key: bytes  # names only the job's agents can compute (`copy_name`)
 
     @classmethod
     def derive(cls, secret: bytes, job_id: str, step_id: str) -> JobKeys:
