@@ -339,7 +339,8 @@ def salloc_session(config_path: str) -> int:
             tag = f"relaunch-slurm-warm-{rep}"
             where = work / tag
             where.mkdir()
-            one = timed(run_cmd(tag, where), where, nodes * NPROC, work)
+            logs = work / f"{tag}-logs"
+            one = timed(run_cmd(tag, where), where, nodes * NPROC, work, log_dir=logs)
             one["rep"] = rep
             result["runs"].append(one)
             if not one["ok"] and rep >= 0:
@@ -693,8 +694,8 @@ def _breakdown_table(data: dict[str, Any], n: int, p: int, sn: int) -> Table:
     table.notes += [
         "From the run's own files: node 0's agent log (ms timestamps), each rank's record "
         "(relaunch_rank.py), summary.json (each rank's exit as its agent saw it; the file's "
-        "time), and the bench's clock at Enter and at the client's exit. '-': no such run "
-        "(the Slurm session's log dirs are not read). The user's work is the all_reduce row; "
+        "time), and the bench's clock at Enter and at the client's exit ('-': no such run). "
+        "The user's work is the all_reduce row; "
         "the client's interpreter start (~0.06-0.1 s, `python -m agent --help`) is in the first.",
     ]
     return table
