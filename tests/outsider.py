@@ -8,6 +8,7 @@ scripts/soak_tampering.py."""
 
 from __future__ import annotations
 
+import contextlib
 import random
 import re
 import threading
@@ -227,3 +228,23 @@ def run_job(tmp: Path, shape: Shape, seed: int | None, limit: float = 90.0) -> R
         if outsider is not None:
             outsider.stop()
         cluster.kill()
+
+
+@contextlib.contextmanager
+def hammering(act, every: float):
+    """`act()` every `every` seconds on a thread of its own while the block runs: an outsider
+    far faster than any reader polls (1 s apart at most)."""
+    stop = threading.Event()
+
+    def loop() -> None:
+        while not stop.is_set():
+            act()
+            stop.wait(every)
+
+    attacker = threading.Thread(target=loop, daemon=True)
+    attacker.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        attacker.join(10)

@@ -11,6 +11,8 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 
 import pytest
+from cluster import wait_for
+from outsider import hammering
 from torch.distributed import TCPStore
 
 from agent.errors import ExitCode, PeerFailed
@@ -21,7 +23,13 @@ from agent.node.sealed import TAMPERING, Tampered
 from agent.node.store import Endpoint, Store
 from agent.node.store_client import StoreClient
 from agent.node.trust import JobKeys
-from agent.run.bounded_wait import await_sealed, await_verdict, results_with_own
+from agent.run.bounded_wait import (
+    await_sealed,
+    await_verdict,
+    kept,
+    node0_over,
+    results_with_own,
+)
 
 KEYS = JobKeys.derive(b"bounded-wait-test", "job", "0")
 TICK = 0.05  # the waits' tick, shortened: checks begin after it and double from there
@@ -128,30 +136,60 @@ def test_a_result_garbled_faster_than_node_0_reads_it_still_reaches_node_0(serve
     reader.put("result/1", RESULT)
     landed(reader, "result/1")
     key = reader.key("result/1")
-    stop = threading.Event()
-
-    def garble() -> None:
-        while not stop.is_set():
-            evil.set(key, b"garbage")
-            stop.wait(0.002)
-
-    attacker = threading.Thread(target=garble, daemon=True)
-    attacker.start()
     got: list[dict] = []
     waiter = threading.Thread(target=lambda: got.append(wait_verdict(reader)))
     waiter.start()
-    judge = ThreadPoolExecutor(1)
-    try:
+    with hammering(lambda: evil.set(key, b"garbage"), 0.002), ThreadPoolExecutor(1) as judge:
         judged = judge.submit(results_with_own, node0, [0, 1], 0, {"exits": [], "n": 0})
         assert judged.result(timeout=60) == [{"exits": [], "n": 0}, RESULT]  # a hang-catcher
-    finally:
-        stop.set()
-        attacker.join(10)
-    judge.shutdown(wait=False)
-    node0.put("verdict", {"restart": False, "code": 0})
+    node0.put_again("verdict", {"restart": False, "code": 0}, 1)
     node0.close()
     waiter.join(30)
     assert got == [{"restart": False, "code": 0}]
+
+
+@pytest.mark.parametrize("name", ["verdict", "lineup"])
+def test_a_record_node_0_writes_once_reaches_nodes_however_fast_it_is_garbled(server, name):
+    """Node 0 writes the verdict and the lineup once, with a first secret-named copy: nodes
+    blocked past the garbage read the copy the moment it comes (polling the known key, they
+    never caught it sealed while an outsider garbled it every 2 ms)."""
+    node0, reader, evil = scope(server, 0), scope(server, 1), outsider(server)
+    reader.put("result/1", RESULT)
+    key = reader.key(name)
+    with hammering(lambda: evil.set(key, b"garbage"), 0.002), ThreadPoolExecutor(1) as pool:
+        if name == "verdict":
+            got = pool.submit(wait_verdict, reader)
+        else:
+            got = pool.submit(await_sealed, reader, name, name, queue.SimpleQueue(),
+                              lambda s: None, lambda: "", 60.0, TICK)  # fmt: skip
+        wait_for(lambda: evil.check([key]), 10, "the outsider's first garbage")
+        node0.put_again(name, {"restart": False, "code": 0}, 1)
+        assert got.result(timeout=60) == {"restart": False, "code": 0}
+
+
+def test_a_health_report_garbled_faster_than_node_0_reads_it_is_written_again(server):
+    """A member's health report garbled every 2 ms: while it waits for the lineup it writes the
+    report again, each time as a copy node 0 blocks on; node 0 counts it (before: excluded as
+    having sent none, after the round's whole deadline)."""
+    from agent.run.health import Health
+    from agent.run.lineup import gather, post_health
+
+    leader, member, evil = (
+        scope(server, 0, "r0/l0"),
+        scope(server, 1, "r0/l0"),
+        outsider(server),
+    )
+    post_health(member, Health(), 2)
+    assert member.store.exists(member.key("health/1"))
+    over = node0_over(member, kept(member, "health/1", Health().to_json(), "health report"))
+    key = member.key("health/1")
+    with hammering(lambda: evil.set(key, b"garbage"), 0.002), ThreadPoolExecutor(1) as pool:
+        waiting = pool.submit(await_sealed, member, "lineup", "lineup", queue.SimpleQueue(),
+                              lambda s: None, over, 60.0, TICK)  # fmt: skip
+        post_health(leader, Health(), 2)
+        assert gather(leader, [0, 1], set, 30.0) == {0: Health(), 1: Health()}
+        leader.put_again("lineup", {"ok": True}, 1)
+        assert waiting.result(timeout=60) == {"ok": True}
 
 
 def test_a_forged_verdict_before_node_0_wrote_its_own_is_waited_past(server) -> None:

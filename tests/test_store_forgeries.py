@@ -4,7 +4,6 @@ only, and a wait that never gets one ends as suspected tampering."""
 
 from __future__ import annotations
 
-import contextlib
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -13,6 +12,7 @@ from datetime import timedelta
 
 import pytest
 from cluster import wait_for
+from outsider import hammering
 from torch.distributed import TCPStore
 
 from agent.errors import ExitCode
@@ -42,26 +42,6 @@ def scope(server, index: int, prefix: str = "r0", wakes=("done",)) -> Scope:
 
 def outsider(server) -> TCPStore:
     return TCPStore("127.0.0.1", server.port, is_master=False, timeout=timedelta(seconds=30))
-
-
-@contextlib.contextmanager
-def hammering(act, every: float):
-    """`act()` every `every` seconds on a thread of its own while the block runs: an outsider
-    far faster than any reader polls (1 s apart at most)."""
-    stop = threading.Event()
-
-    def loop() -> None:
-        while not stop.is_set():
-            act()
-            stop.wait(every)
-
-    attacker = threading.Thread(target=loop, daemon=True)
-    attacker.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        attacker.join(10)
 
 
 def test_a_forged_value_is_waited_past_until_the_sealed_record_comes(server) -> None:

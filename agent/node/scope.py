@@ -79,12 +79,13 @@ class Scope:
         data = self.store.get_bytes(key, present)
         record = read_sealed(
             self.store, self.keys, key, what, data, timeout, woken=woken,
-            copies=self._copies_of(key),
+            copies=self.copies_of(key),
         )  # fmt: skip
         assert record is not None  # no stop event: only a record or an exception ends it
         return record
 
-    def _copies_of(self, key: str) -> Callable[[int], str]:
+    def copies_of(self, key: str) -> Callable[[int], str]:
+        """The names of the copies of the record at `key` (read_sealed's `copies`)."""
         return lambda number: self.keys.copy_name(key, number)
 
     def put_again(self, name: str, record: dict[str, Any], number: int) -> None:
@@ -116,7 +117,7 @@ class Scope:
         found = []
         for key, data in zip(keys, self.store.multi_get(keys), strict=True):
             record = read_sealed(
-                self.store, self.keys, key, what, data, timeout, copies=self._copies_of(key)
+                self.store, self.keys, key, what, data, timeout, copies=self.copies_of(key)
             )
             assert record is not None
             found.append(record)
@@ -284,7 +285,7 @@ class Scope:
                 data = s.get_bytes(done, present=True)
                 read_sealed(
                     s, self.keys, done, "barrier record", data, left, woken=woken_or_look,
-                    copies=self._copies_of(done),
+                    copies=self.copies_of(done),
                 )  # fmt: skip
                 return
             except Tampered as exc:

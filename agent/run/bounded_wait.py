@@ -89,7 +89,8 @@ def await_sealed(
         while not scope.store.wait([key], tick):
             woken()
         data = scope.store.get_bytes(key, present=True)
-        record = read_sealed(scope.store, scope.keys, key, what, data, woken=woken)
+        copies = scope.copies_of(key)  # node 0 writes the lineup and verdict with a first copy
+        record = read_sealed(scope.store, scope.keys, key, what, data, woken=woken, copies=copies)
     except _Over as ended:
         return _last_look(scope, key, what, ended.why)
     assert record is not None  # no stop event: a record or an exception
@@ -110,18 +111,10 @@ def verdict_over(scope: Scope, own_result: tuple[str, dict[str, Any]] | None) ->
     record, its agent's departure. `own_result` (a node that ran ranks): the name and record of
     our result, which node 0 waits for: written again when it is gone or does not open."""
     members = Scope(scope.store, MEMBERSHIP, scope.index, scope.keys)
-    again = [0]  # times our result was written again: each also a copy node 0 blocks on
+    keep = kept(scope, *own_result, "result") if own_result is not None else lambda: None
 
     def over() -> str:
-        if own_result is not None:
-            name, record = own_result
-            if scope.get_if(name, "result") is None:
-                log.warning(
-                    "%s: the result this node wrote is gone or does not open; written again",
-                    scope.key(name),
-                )
-                again[0] += 1
-                scope.put_again(name, record, again[0])
+        keep()
         abort = scope.abort()
         if abort is not None and abort.closed:
             return "node 0 has closed the attempt"
@@ -132,10 +125,35 @@ def verdict_over(scope: Scope, own_result: tuple[str, dict[str, Any]] | None) ->
     return over
 
 
-def node0_over(scope: Scope) -> Callable[[], str]:
-    """Node 0's departure in order: whatever it was to write, it has written."""
+def kept(scope: Scope, name: str, record: dict[str, Any], what: str) -> Callable[[], None]:
+    """A look at a record this node wrote for node 0 (its result, its health report): written
+    again when it is gone or does not open, each time also as a copy node 0 blocks on (a
+    deletion or a forgery delays, never decides)."""
+    again = [0]
+
+    def look() -> None:
+        if scope.get_if(name, what) is None:
+            log.warning(
+                "%s: the %s this node wrote is gone or does not open; written again",
+                scope.key(name),
+                what,
+            )
+            again[0] += 1
+            scope.put_again(name, record, again[0])
+
+    return look
+
+
+def node0_over(scope: Scope, keep: Callable[[], None] = lambda: None) -> Callable[[], str]:
+    """Node 0's departure in order: whatever it was to write, it has written. `keep`: a look
+    at what this node wrote for node 0 meanwhile (`kept`)."""
     members = Scope(scope.store, MEMBERSHIP, scope.index, scope.keys)
-    return lambda: _node0_left(members)
+
+    def over() -> str:
+        keep()
+        return _node0_left(members)
+
+    return over
 
 
 def _node0_left(members: Scope) -> str:

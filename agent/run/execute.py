@@ -248,7 +248,7 @@ class Run:
         else:
             stop = self._preemption(prepared, verdict.record["ranks"], step)
             self._summarise(prepared, history, verdict.code, stop)
-        scope.put("verdict", decision.to_json())
+        scope.put_again("verdict", decision.to_json(), 1)  # and a first copy the nodes block on
         scope.close()  # wakes every abort watcher of this attempt
         return decision
 

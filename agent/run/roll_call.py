@@ -14,7 +14,7 @@ from agent.node.scope import Scope
 from agent.node.seat import RunSeat
 from agent.plan.roster import Roster, Shortfall, excluded_hosts, foreign_excludes, seated
 from agent.plan.run_plan import node_layout
-from agent.run.bounded_wait import await_sealed, lineup_limit, node0_over
+from agent.run.bounded_wait import await_sealed, kept, lineup_limit, node0_over
 from agent.run.gpu_faults import gpu_faults
 from agent.run.health import Health, HealthCheck, examine
 from agent.run.leftovers import LeftoverAudit, Leftovers, node_audit
@@ -63,10 +63,15 @@ class RollCall:
             post_health(scope, health, len(self.roster.members()))
         if seat.leader:
             lineup = self._decide(lost)
-            scope.put("lineup", lineup.to_json())
+            scope.put_again("lineup", lineup.to_json(), 1)  # and a first copy the members block on
             return lineup
         limit = lineup_limit(self.prepared.plan.options.health_timeout)
-        over = node0_over(scope)
+        over = node0_over(
+            scope,
+            kept(scope, f"health/{scope.index}", health.to_json(), "health report")
+            if health is not None
+            else lambda: None,
+        )
         record = await_sealed(scope, "lineup", "lineup", seat.events, round_failure, over, limit)
         return Lineup.from_json(record)
 
