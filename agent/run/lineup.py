@@ -86,13 +86,29 @@ def gather(
     lost: Callable[[], Collection[int]],
     timeout: float,
     slack: float = REPORT_SLACK,
+    own: tuple[int, Health] | None = None,
 ) -> dict[int, Health | None]:
     """Node 0: each member's report; None for one that sent none in time (or is lost), waited
-    for `timeout` (the members' --health-timeout) plus `slack`."""
+    for `timeout` (the members' --health-timeout) plus `slack`. `own`: node 0's index and its
+    report, taken from its hand (its copy in the store, garbled, would be waited for in vain:
+    the soak's restart seed 8057)."""
     deadline = time.monotonic() + timeout + slack
     gone = set(lost()) & set(members)
     if gone and scope.store.add(scope.key("reported"), len(gone)) == len(members):
         scope.store.set_bytes(scope.key("health-done"), b"")  # they never report: counted in
+    mine = {own[0]: own[1]} if own is not None and own[0] in members else {}
+    reports = _others(scope, members, gone | set(mine), lost, deadline)
+    return {**reports, **mine}
+
+
+def _others(
+    scope: Scope,
+    members: Sequence[int],
+    gone: set[int],
+    lost: Callable[[], Collection[int]],
+    deadline: float,
+) -> dict[int, Health | None]:
+    """The reports of `members` not `gone` (None for those: lost, or none in time)."""
     expect = [i for i in members if i not in gone]
     done = _reported(scope, [scope.key("health", i) for i in expect], deadline)
     names = [f"health/{i}" for i in expect]

@@ -62,7 +62,7 @@ class RollCall:
         if health is not None:
             post_health(scope, health, len(self.roster.members()))
         if seat.leader:
-            lineup = self._decide(lost)
+            lineup = self._decide(lost, health)
             scope.put_again("lineup", lineup.to_json(), 1)  # and a first copy the members block on
             return lineup
         limit = lineup_limit(self.prepared.plan.options.health_timeout)
@@ -109,11 +109,13 @@ class RollCall:
         warm = self.tools.warm
         return tuple(warm.pids()) if warm is not None else ()
 
-    def _decide(self, lost: Callable[[], Mapping[int, str]]) -> Lineup:
-        """Node 0: who is out and why, who takes whose place, a new plan for a smaller world."""
+    def _decide(self, lost: Callable[[], Mapping[int, str]], health: Health | None) -> Lineup:
+        """Node 0: who is out and why, who takes whose place, a new plan for a smaller world.
+        `health`: node 0's own report, taken from its hand."""
         seat, roster, scope, attempt = self.seat, self.roster, self.scope, self.attempt
         plan, o = self.prepared.plan, self.prepared.plan.options
-        reports = gather(scope, roster.members(), lambda: lost().keys(), o.health_timeout)
+        own = (scope.index, health) if health is not None else None
+        reports = gather(scope, roster.members(), lambda: lost().keys(), o.health_timeout, own=own)
         failure = round_failure(scope)
         if failure is not None:  # an agent stopped mid-round
             return Lineup(0, roster, end=LineupEnd(int(ExitCode.RANK_FAILED), failure))
