@@ -29,7 +29,6 @@ RECONNECTS = 5  # fresh connections one query takes in a row before the store co
 # stalls on a reverse-DNS lookup per connection where resolvers drop queries (5-10 s each, more
 # with a crowd of connections ahead of ours); one that refuses is gone at once.
 RECONNECT_PATIENCE = 60.0
-REFUSED_GRACE = 5.0  # seconds a refused reconnect is tried again before the store is gone
 NUMBER = re.compile(rb"\s*[-+]?\d{1,18}")  # what the server's add reads as a number (stoll)
 log = logging.getLogger("agent")
 T = TypeVar("T")
@@ -254,8 +253,7 @@ class StoreClient:
         self.close()
         self._buf.clear()
         self._pos = 0
-        started = time.monotonic()
-        end = started + RECONNECT_PATIENCE if deadline is None else deadline
+        end = time.monotonic() + RECONNECT_PATIENCE if deadline is None else deadline
         while True:
             budget = max(0.1, min(float(sum(HANDSHAKES)), end - time.monotonic()))
             try:
@@ -268,14 +266,7 @@ class StoreClient:
                 if time.monotonic() < end:
                     continue
                 return False
-            except ConnectionRefusedError:
-                # Seen in the tampering soak while node 0's server went on serving node 0 (cause
-                # not pinned): a few seconds' grace before a refusal means gone.
-                if time.monotonic() < min(end, started + REFUSED_GRACE):
-                    time.sleep(0.1)  # a refused connect returns at once: pace the retries
-                    continue
-                return False
-            except (OSError, RuntimeError):
+            except (OSError, RuntimeError):  # refused above all: node 0's agent is gone
                 return False
             self._sock = fresh._sock
             return True
