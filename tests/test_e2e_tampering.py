@@ -173,12 +173,11 @@ def test_300_idle_connections_leave_agent_status_answering(tmp_path):
         serving.kill()
 
 
-def test_a_verdict_overwritten_after_node_0_wrote_it_ends_the_wait_naming_it(
-    cluster_factory, tmp_path
-):
-    """Node 0 writes the verdict once; an outsider writes garbage over it again and again.
-    Node 1 does not wait for ever: node 0 has closed the attempt, so the verdict must be there —
-    one line naming the key, exit 4."""
+def test_a_verdict_overwritten_again_and_again_still_reaches_node_1(cluster_factory, tmp_path):
+    """Node 0 writes the verdict once; an outsider writes garbage over it again and again. Node
+    1, past the garbage, reads the copy node 0 wrote with it under a name derived from the
+    secret (before: it never caught the verdict sealed and ended as tampering, exit 4): the job
+    ends 0 on both nodes, the garbage named once."""
     done = tmp_path / "done"
     args = ["--nproc-per-node", "1", FIXTURE, "--until-file", str(done)]
     cluster = cluster_factory(2).start([*args, "--ready-to", str(tmp_path)])
@@ -204,10 +203,9 @@ def test_a_verdict_overwritten_after_node_0_wrote_it_ends_the_wait_naming_it(
     finally:
         stop.set()
         writer.join(10)
-    assert codes == [0, 4], cluster.dump()
-    lines = [line for line in cluster.agents[1].stderr().splitlines() if "tampering" in line]
-    assert any(f"store tampering suspected at {key}" in line for line in lines), cluster.dump()
-    assert "node 0 has closed the attempt" in cluster.agents[1].stderr()
+    assert codes == [0, 0], cluster.dump()
+    err = cluster.agents[1].stderr()
+    assert "store tampering suspected" not in err, cluster.dump()
+    assert f"refusing verdict at {key}" in err, cluster.dump()
     print(f"done -> every agent out: {took:.2f}s")
-    # Node 1 looks 1, 3, 7 s after it began waiting (measured: ~1-3 s); only a hang takes 30 s.
     assert took <= 30, f"{took:.1f}s\n{cluster.dump()}"
