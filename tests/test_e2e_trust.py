@@ -94,13 +94,14 @@ def test_an_outsider_cannot_read_or_steer_a_running_job(cluster_factory, tmp_pat
 
 
 @pytest.mark.parametrize("forgery", ["unsealed", "another secret", "one byte changed", "moved"])
-def test_a_forged_plan_is_refused_and_no_rank_starts(cluster_factory, tmp_path, forgery):
-    """Even written where the plan lives, a forgery is refused: the wait for a sealed plan goes on
-    until the rendezvous timeout, then ends as suspected tampering (exit 4)."""
+def test_a_forged_plan_is_refused_and_the_genuine_one_runs(cluster_factory, tmp_path, forgery):
+    """Even written where the plan lives, a forgery is refused: node 1 waits past it, node 0's
+    barrier finds its plan altered and writes it again (with a secret-named copy node 1 blocks
+    on), and the job runs the genuine plan. Before, the forgery decided the outcome: node 1
+    waited out the rendezvous timeout and the job ended as suspected tampering (exit 4)."""
     ready = tmp_path / "ready"
     ready.mkdir()
     args = [FIXTURE, "--ready-to", str(ready)]
-    # Node 1 gives up first (node 0 started earlier and waits longer for it)
     cluster = cluster_factory(2).start(["--nproc-per-node", "1", *args], nodes=[0])
     store, keys = _client(cluster), _insider_keys(cluster)
     key = keys.namespace + "r0/plan"
@@ -115,15 +116,12 @@ def test_a_forged_plan_is_refused_and_no_rank_starts(cluster_factory, tmp_path, 
     else:
         forged = keys.seal({"plan": {}}, keys.namespace + "r1/plan")  # genuine, but for run 1
     store.set(key, forged)
-    cluster.start(["--nproc-per-node", "1", "--rdzv-timeout", "5", *args], nodes=[1])
-    codes = cluster.wait(60)
-    assert codes[1] == 4, cluster.dump()
-    assert codes[0] != 0
-    # Waited past as absent (a sealed plan may still replace it), then named as tampering
-    assert "refusing config payload" in cluster.agents[1].stderr()
-    assert "store tampering suspected at " + key in cluster.agents[1].stderr()
-    assert "could not join" in cluster.agents[0].stderr()
-    assert not list(ready.iterdir())
+    cluster.start(["--nproc-per-node", "1", "--rdzv-timeout", "30", *args], nodes=[1])
+    codes = cluster.wait(90)
+    assert codes == [0, 0], cluster.dump()
+    assert "the plan record written here is gone or altered" in cluster.agents[0].stderr()
+    assert len(list(ready.iterdir())) == 2  # both ranks ran the genuine plan's script
+    assert "store tampering suspected" not in cluster.agents[1].stderr()
 
 
 def test_agents_with_different_secrets_both_exit_4_naming_the_mismatch(cluster_factory):
