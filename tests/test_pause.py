@@ -500,6 +500,29 @@ def test_a_process_beyond_the_desks_cap_is_told_why_and_runs_on(tmp_path):
             sock.close()
 
 
+def test_a_line_sent_between_the_stop_and_pdbs_first_prompt_reaches_pdb():
+    """`debug --list` shows a rank as soon as it says where it stopped, before pdb asks for its
+    first line; a `c` sent in that gap waits for the prompt (within its `wait`) and reaches pdb,
+    rather than coming back "busy" and being lost."""
+    with two_nodes() as nodes:
+        sock, stream = _connect(nodes)
+        where = {"file": "/w/loader.py", "line": 7, "function": "get", "reason": "breakpoint"}
+        sock.sendall(encode({"hello": {"rank": 1, "pid": 4242}}) + encode({"paused": where}))
+        assert _listed(nodes, 1) == [4242]
+        answers: list[dict] = []
+        request = {"op": "send", "procs": [[1, 4242]], "line": "c", "wait": 30}
+        sender = threading.Thread(target=lambda: answers.append(nodes.ask(request)))
+        sender.start()
+        sender.join(0.5)  # a request that is dropped comes back at once
+        assert sender.is_alive(), f"the line was not held for the prompt: {answers}"
+        sock.sendall(encode({"out": "(Pdb) "}) + encode({"ready": "(Pdb) "}))
+        assert read(stream) == {"line": "c"}, "pdb never got the line"
+        sock.sendall(encode({"running": True, "done": True}))
+        sender.join(30)
+        assert _one(answers[0])["state"] == GONE
+        sock.close()
+
+
 @pytest.mark.parametrize(
     "says",
     [

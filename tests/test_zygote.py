@@ -110,7 +110,7 @@ def gone(pid: int, timeout: float = 10) -> bool:
             with open(f"/proc/{pid}/stat") as stat:
                 if stat.read().rpartition(")")[2].split()[0] in ("Z", "X"):
                     return True
-        except FileNotFoundError:
+        except (FileNotFoundError, ProcessLookupError):  # reaped between open and read: ESRCH
             return True
         time.sleep(0.02)
     return False

@@ -56,11 +56,18 @@ class RankLink:
 
     def exchange(self, line: str, wait: float) -> tuple[str, str]:
         """Send pdb one line; (its output, the state after) once pdb asks for the next line,
-        the rank runs on, or `wait` seconds passed (state BUSY: ask `take` again later)."""
+        the rank runs on, or `wait` seconds passed (state BUSY: ask `take` again later). A rank
+        that has just stopped gets the line at its first prompt, if that comes in time."""
         refused = line_refused(line)
         with self._cond:
             if refused is not None:  # it would end the link (a frame's limit): pdb never sees it
                 return refused + "\n", self.state
+            if self._stopping:  # just stopped (listed already), pdb not asking yet: the line
+                # waits for that first prompt within the same `wait` rather than being dropped.
+                # A line behind a running command is not queued: its output would be lost.
+                deadline = time.monotonic() + wait
+                self._cond.wait_for(lambda: self.state != BUSY, wait)
+                wait = max(deadline - time.monotonic(), 0.0)
             if self.state != PROMPT:
                 return self._take(), self.state
             self._take()  # the stop's banner, or what a detached client left: not this answer
