@@ -13,11 +13,13 @@ import pytest
 
 from agent.hang.collectives import findings
 from agent.hang.recorder import (
+    NO_PROBE,
     PROBE_DIR,
     Collective,
     GroupState,
     RankRecorder,
     ask,
+    ask_all,
     probe_env,
     with_probe,
 )
@@ -146,6 +148,23 @@ def test_a_rank_without_torch_answers_without_importing_it(tmp_path):
         assert _answer(probe, proc.pid) == {"torch": False}
         modules = Path(f"/proc/{proc.pid}/maps").read_text()
         assert "libtorch" not in modules  # the probe imported nothing of torch
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_ranks_asked_together_each_get_their_own_answer_and_one_without_a_probe_is_told_so(
+    tmp_path,
+):
+    probe = tmp_path / "p"
+    probe.mkdir(mode=0o700)
+    proc = _rank(tmp_path / "rank.py", "import time\nprint(flush=True)\ntime.sleep(60)\n", probe)
+    try:
+        proc.stdout.readline()
+        assert _answer(probe, proc.pid) == {"torch": False}  # listening now
+        no_such = 1 << 30  # above any pid_max: no process, no socket
+        answers = ask_all(str(probe), [(0, proc.pid), (1, no_such), (2, no_such + 1)])
+        assert answers == {0: {"torch": False}, 1: {"error": NO_PROBE}, 2: {"error": NO_PROBE}}
     finally:
         proc.kill()
         proc.wait()

@@ -16,7 +16,7 @@ from outsider import hammering
 from torch.distributed import TCPStore
 
 from agent.errors import ExitCode
-from agent.node.scope import LOOK_FIRST, Scope
+from agent.node.scope import LOOK_FIRST, LOOK_MAX, Scope, look_pace
 from agent.node.sealed import Tampered
 from agent.node.store import Endpoint, Store
 from agent.node.store_client import StoreClient
@@ -31,6 +31,21 @@ def server():
     return TCPStore(
         "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=30)
     )
+
+
+@pytest.mark.parametrize(
+    ("agents", "first_awaited", "expected"),
+    [
+        (2, True, (LOOK_FIRST, LOOK_MAX)),
+        (2, False, (LOOK_FIRST, LOOK_MAX)),
+        (256, False, (LOOK_FIRST, LOOK_MAX)),  # a look a second from each: 256 looks/s
+        (1024, False, (4.0, LOOK_MAX)),
+        (4096, False, (16.0, 16.0)),  # never more than 256 looks a second in all
+        (4096, True, (LOOK_FIRST, LOOK_MAX)),  # the one that ends a barrier a reset count stalls
+    ],
+)
+def test_barrier_looks_past_the_counter_are_paced_by_the_jobs_size(agents, first_awaited, expected):
+    assert look_pace(agents, first_awaited) == expected
 
 
 def scope(server, index: int, prefix: str = "r0", wakes=("done",)) -> Scope:

@@ -10,6 +10,7 @@ cause is the existing record with the lowest sequence number.
 from __future__ import annotations
 
 import logging
+import random
 import threading
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
@@ -26,6 +27,11 @@ log = logging.getLogger("agent")
 LOOK_FIRST = 1.0  # seconds a barrier waits before it looks past its counter, doubling...
 COPIES_LOOKED_AT = 64  # a note's copies read at most per look (each costs a query)
 LOOK_MAX = 8.0  # ...up to this: an outsider's delete or reset of the count costs this at most
+# Looks past the counter that node 0's store serves per second, at most, from every agent but
+# the first awaited one (a look is ~5 queries; all agents looking each second at 4,096 agents
+# starved the store and the machine: the join took 151 s instead of 18 s and heartbeats
+# failed). Above 256 agents the others look less often, jittered; the first looks as before.
+LOOKS_PER_SECOND = 256
 
 
 # torch's TCPStore refuses values over 8 MiB (MAX_PAYLOAD_LEN) by closing the connection.
@@ -262,7 +268,8 @@ class Scope:
             return tampered
 
         arrived = False
-        pause = LOOK_FIRST
+        first, longest = look_pace(agents, self.index == waited[0])
+        pause = first * random.uniform(0.5, 1.0) if first > LOOK_FIRST else first
         while not arrived:
             left = deadline - time.monotonic()
             if left <= 0:
@@ -273,7 +280,7 @@ class Scope:
             if not arrived:
                 # an outsider garbling the notes faster than the looks come: look every second
                 # (each look a chance to read the others' notes sealed; `seen` keeps them)
-                pause = LOOK_FIRST if look() else min(pause * 2, LOOK_MAX)
+                pause = LOOK_FIRST if look() else min(pause * 2, longest)
         if arrived:
             left = max(deadline - time.monotonic(), 0.001)
 
@@ -343,6 +350,18 @@ class Scope:
             if self._opens(copy, self.store.get_bytes(copy, present=True)):
                 return True
         return False
+
+
+def look_pace(agents: int, first_awaited: bool) -> tuple[float, float]:
+    """(seconds before a barrier's first look past its counter, the longest pause between
+    looks). The first awaited agent ends the barrier when an outsider's reset of the count
+    keeps everyone else from it: it looks soon. The others, who look only to write their own
+    note again, share LOOKS_PER_SECOND between them; an agent that finds its note tampered
+    with looks every LOOK_FIRST whatever the size."""
+    if first_awaited:
+        return LOOK_FIRST, LOOK_MAX
+    spread = agents / LOOKS_PER_SECOND
+    return max(LOOK_FIRST, spread), max(LOOK_MAX, spread)
 
 
 def refused(failure: Failure) -> bool:

@@ -465,7 +465,7 @@ def main(argv: list[str]) -> int:
                 fds=fd_kinds(),
                 threads=threading.active_count(),
                 names={t.native_id: t.name for t in threading.enumerate()}
-                if role == "leader"
+                if role == "leader" or lo == 1
                 else {},
                 cpu=_phase_cpu(slots),
             )

@@ -217,13 +217,23 @@ def measure(n: int, work: Path, idle_s: float, log) -> dict[str, Any]:
 
         time.sleep(1.0)  # let the start-up's stragglers settle before the idle window
         names = {int(k): v for k, v in (spawned[0].get("names") or {}).items()}
+        # one process of other agents too (the first slice): where an idle agent's CPU goes
+        sample = procs[1]
+        names_of_sample = {int(k): v for k, v in (spawned[1].get("names") or {}).items()}
         threads_before = _thread_cpu(leader.ps)
+        sample_before = _thread_cpu(sample.ps)
         before = [p.cpu() for p in procs]
         t0 = time.monotonic()
         time.sleep(idle_s)
         span = time.monotonic() - t0
         after = [p.cpu() for p in procs]
         out["leader_threads_pct"] = _by_thread(threads_before, _thread_cpu(leader.ps), names, span)
+        by_kind = _by_thread(sample_before, _thread_cpu(sample.ps), names_of_sample, span)
+        # threads that came and went inside the window (a probe's asker): the process's rest
+        whole = 100.0 * (after[1] - before[1]) / span
+        by_kind["short-lived threads"] = round(whole - sum(by_kind.values()), 2)
+        out["sample_agents"] = ready[1].get("agents")
+        out["sample_threads_pct"] = by_kind
         out["idle_window_s"] = span
         out["leader_cpu_pct"] = 100.0 * (after[0] - before[0]) / span
         out["followers_cpu_pct"] = (
@@ -239,7 +249,7 @@ def measure(n: int, work: Path, idle_s: float, log) -> dict[str, Any]:
         log(
             f"scale {n}: idle {span:.1f} s: node 0 {out['leader_cpu_pct']:.1f} % of a core "
             f"{out['leader_threads_pct']} (fds {out.get('leader_fd_count')}), the other agents "
-            f"{out['followers_cpu_pct']:.1f} %"
+            f"{out['followers_cpu_pct']:.1f} %; one process of them: {out['sample_threads_pct']}"
         )
 
         observer = AgentProcess(["observer", str(n), str(port)], env, run / "observer.err")
