@@ -317,3 +317,33 @@ def test_a_key_deleted_between_a_check_and_its_get_reads_as_nothing_not_a_lost_s
     assert ours.multi_get(["there", "gone", "there"], wait=False) == [b"1", b"", b"1"]
     ours.set("after", b"ok")
     assert ours.get("after") == b"ok"  # the client goes on over its new connection
+
+
+def test_a_store_gone_for_good_is_told_with_why_no_new_connection_was_made() -> None:
+    server = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    ours = StoreClient.connect("127.0.0.1", server.port, 10)
+    del server
+    start = time.monotonic()
+    with pytest.raises(StoreClosed, match="refused for 1s"):
+        ours.check(["k"])
+    assert time.monotonic() - start < 10  # the grace is 1 s: a hang-catcher
+
+
+def test_a_store_that_refuses_a_new_connection_briefly_is_not_lost() -> None:
+    """A refusal shorter than the grace (here the server is down for 0.3 s and comes back on
+    the same port) does not end the store: the query goes on over the new connection."""
+    first = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    port = first.port
+    ours = StoreClient.connect("127.0.0.1", port, 10)
+    del first
+    back: list[TCPStore] = []
+    restart = threading.Timer(
+        0.3,
+        lambda: back.append(TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False)),
+    )
+    restart.start()
+    try:
+        ours.set("k", b"after")  # refused at first, then answered by the store back on its port
+        assert ours.get("k") == b"after"
+    finally:
+        restart.join()

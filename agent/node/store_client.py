@@ -29,6 +29,11 @@ RECONNECTS = 5  # fresh connections one query takes in a row before the store co
 # stalls on a reverse-DNS lookup per connection where resolvers drop queries (5-10 s each, more
 # with a crowd of connections ahead of ours); one that refuses is gone at once.
 RECONNECT_PATIENCE = 60.0
+# Seconds a refused reconnect is tried again (every REFUSED_PAUSE) before the store counts as
+# gone: node 0's agent that died refuses for good, and its peers learn it this much later; a
+# refusal while node 0 went on serving was seen in the tampering soak (cause unknown).
+REFUSED_GRACE = 1.0
+REFUSED_PAUSE = 0.1
 NUMBER = re.compile(rb"\s*[-+]?\d{1,18}")  # what the server's add reads as a number (stoll)
 log = logging.getLogger("agent")
 T = TypeVar("T")
@@ -199,9 +204,12 @@ class StoreClient:
                         for _ in part:
                             found.append(struct.unpack("<q", self._recv(8))[0])
                         break
-                    except StoreClosed:
-                        if tries == REPAIRS or not self._reconnect():
+                    except StoreClosed as exc:
+                        if tries == REPAIRS:
                             raise
+                        why = self._reconnect()
+                        if why:
+                            raise StoreClosed(f"{exc}; {why}") from None
                     part = part[len(found) - done :]  # answered before the close: added
         return found
 
@@ -236,40 +244,48 @@ class StoreClient:
             except StoreClosed as exc:
                 if tries == RECONNECTS:
                     raise
-                if not self._reconnect(deadline):
+                why = self._reconnect(deadline)
+                if why:
                     if deadline is not None and time.monotonic() >= deadline:
                         raise StoreTimeout(f"no new store connection in time ({exc})") from None
-                    raise
+                    raise StoreClosed(f"{exc}; {why}") from None
                 log.warning(
                     "the job store closed this agent's connection (%s); connected again", exc
                 )
         raise AssertionError("unreachable")
 
-    def _reconnect(self, deadline: float | None = None) -> bool:
-        """A fresh connection to the same server (False: none answers: the store is gone, or
-        none was made by `deadline`)."""
+    def _reconnect(self, deadline: float | None = None) -> str:
+        """A fresh connection to the same server: '' when made, else why none was (none
+        answers: the store is gone, or none was made by `deadline`)."""
         if self._address is None:
-            return False
+            return "no address to connect to again"
         self.close()
         self._buf.clear()
         self._pos = 0
-        end = time.monotonic() + RECONNECT_PATIENCE if deadline is None else deadline
+        now = time.monotonic()
+        end = now + RECONNECT_PATIENCE if deadline is None else deadline
+        refused_until = min(now + REFUSED_GRACE, end)
         while True:
             budget = max(0.1, min(float(sum(HANDSHAKES)), end - time.monotonic()))
             try:
-                fresh = StoreClient.connect(  # refused: gone at once; silent: each handshake
+                fresh = StoreClient.connect(  # refused: gone soon; silent: each handshake
                     *self._address, budget, self._op_timeout, patient=False
                 )
             # Accepted and never answered, or a connect that timed out (a full listen backlog
             # drops the handshake's SYN: no RST): a server stalled, not one gone.
-            except (_Silent, TimeoutError):
+            except (_Silent, TimeoutError) as exc:
                 if time.monotonic() < end:
                     continue
-                return False
-            except (OSError, RuntimeError):  # refused above all: node 0's agent is gone
-                return False
+                return f"no new connection was answered ({exc})"
+            except ConnectionRefusedError as exc:
+                if time.monotonic() + REFUSED_PAUSE < refused_until:
+                    time.sleep(REFUSED_PAUSE)  # a pause between tries, not a synchronisation
+                    continue
+                return f"a new connection was refused for {REFUSED_GRACE:g}s ({exc})"
+            except (OSError, RuntimeError) as exc:  # node 0's agent is gone, or worse
+                return f"a new connection failed ({type(exc).__name__}: {exc})"
             self._sock = fresh._sock
-            return True
+            return ""
 
     def check(self, keys: Sequence[str]) -> bool:
         query = bytes([wire.CHECK]) + wire.keys_bytes(keys)
