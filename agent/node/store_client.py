@@ -27,7 +27,7 @@ REPAIRS = 20  # counters reset in a row (each after an outsider's non-number) be
 RECONNECTS = 5  # fresh connections one query takes in a row before the store counts as gone
 # Seconds a fresh connection may go unanswered before the store counts as gone: torch's server
 # stalls on a reverse-DNS lookup per connection where resolvers drop queries (5-10 s each, more
-# with a crowd of connections ahead of ours); one that refuses is gone at once.
+# with a crowd of connections ahead of ours); one that refuses is gone after REFUSED_GRACE.
 RECONNECT_PATIENCE = 60.0
 # Seconds a refused reconnect is tried again (every REFUSED_PAUSE) before the store counts as
 # gone: node 0's agent that died refuses for good, and its peers learn it this much later; a
