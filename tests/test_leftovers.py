@@ -232,7 +232,13 @@ def test_a_real_d_state_holder_is_named_as_such_without_a_wait(devices):
     )
     parent = psutil.Process(proc.pid)
     try:
-        wait_for(lambda: parent.status() == psutil.STATUS_DISK_SLEEP, 10, "the vfork parent in D")
+        # In D with its vfork child made: a fresh interpreter is in D too while it reads its
+        # modules from a cold disk, before it opened the device (the CI flake of 2026-11-26).
+        wait_for(
+            lambda: bool(parent.children()) and parent.status() == psutil.STATUS_DISK_SLEEP,
+            10,
+            "the vfork parent in D",
+        )
         begin = time.monotonic()
         left = LeftoverAudit("n0", None, str(devices)).run(grace=0.2)
         took = time.monotonic() - begin
