@@ -81,6 +81,7 @@ class Supervisor:
         self._deadline: float | None = None
         self._stragglers: list = []
         self._hung: set[int] = set()
+        self._paused_seen: dict[int, float] = {}  # rank → last look that found it in pdb
         self.bindings = BindingCheck()
         self._held: list[Any] = []  # events read while a rank's exit waited for a signal
 
@@ -265,11 +266,15 @@ class Supervisor:
         quiet_for = self.quiet_for() if self.hang is not None else None
         if self.hang is not None and quiet_for is not None and self._deadline is None:
             self.hang.tick(quiet_for)  # node 0's coordinator judges (agent.run.coordinator)
-        paused = self.paused()  # silent by choice: no --hang-warning for them
+        paused = set(self.paused())  # silent by choice: no --hang-warning for them
+        for rank in paused:
+            self._paused_seen[rank] = now
         for worker in self.workers:
-            if worker.returncode is not None or worker.spec.rank in self._hung | set(paused):
+            if worker.returncode is not None or worker.spec.rank in self._hung | paused:
                 continue
-            last = max(worker.out.last_output, worker.err.last_output)
+            # time spent in pdb is not silence: a rank that ran on is quiet since it left pdb
+            last = max(worker.out.last_output, worker.err.last_output,
+                       self._paused_seen.get(worker.spec.rank, 0.0))  # fmt: skip
             if now - last > self.hang_warning:
                 self._hung.add(worker.spec.rank)
                 msg = f"rank {worker.spec.rank} has printed nothing for {now - last:.0f}s (--hang-warning)"
