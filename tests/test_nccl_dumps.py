@@ -16,13 +16,22 @@ from agent.hang.nccl_dumps import DUMP_LIMIT, dump_findings, read_dump, recorder
 from agent.hang.plain_data import NotPlainData, plain_data
 
 MAKE_DUMP = """
-import sys, torch, torch.distributed as dist
+import pickle, sys, time, torch, torch.distributed as dist
 dist.init_process_group("gloo", rank=0, world_size=1, init_method="tcp://127.0.0.1:0")
 pair = dist.new_group([0], group_desc="mine")
 for _ in range(3):
     dist.all_reduce(torch.ones(4))
 dist.all_reduce(torch.ones(2, 3), group=pair)
-open(sys.argv[1], "wb").write(torch._C._distributed_c10d._dump_fr_trace(True, False))
+# gloo marks a collective completed from its future's callback, which may run after all_reduce
+# has returned: dump once every entry says so (CI once caught the third still "started").
+deadline = time.monotonic() + 60
+while True:
+    dump = torch._C._distributed_c10d._dump_fr_trace(True, False)
+    states = [entry["state"] for entry in pickle.loads(dump)["entries"]]
+    if all(state == "completed" for state in states) or time.monotonic() > deadline:
+        break
+    time.sleep(0.01)
+open(sys.argv[1], "wb").write(dump)
 dist.destroy_process_group()
 """
 
