@@ -9,18 +9,25 @@ scripts/soak_tampering.py."""
 from __future__ import annotations
 
 import contextlib
+import json
+import os
 import random
 import re
+import signal
+import subprocess
+import sys
 import threading
 import time
+import uuid
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 
-from cluster import FIXTURE, Cluster
+from cluster import FIXTURE, REPO, Cluster, base_env, kill_job_processes, slurm_env, wait_for
+from serving import Serving
 
-from agent.world import derive_port
+from agent.world import PORT_HIGH, PORT_LOW, derive_port
 
 OPS = ("garbage", "replay", "add", "delete", "compare_set")
 NAMESPACE = re.compile(r"^la/[0-9a-f]{32}/")
@@ -64,7 +71,7 @@ class Outsider:
             self._thread.join(30)
 
     def _connect(self):
-        """torch's client, or None once no server answers (the job ended)."""
+        """torch's client, or None where no server answered within 2 s."""
         from torch.distributed import TCPStore
 
         try:
@@ -84,9 +91,9 @@ class Outsider:
             try:
                 keys = sorted(store.list_keys())
             except (RuntimeError, ValueError):  # our own add met a non-number, or the job ended
-                store = self._connect()
-                if store is None:
-                    return
+                store = None  # a busy server may leave a connect unanswered: try until stop()
+                while store is None and not self._stop.is_set():
+                    store = self._connect()
                 continue
             if not keys:
                 continue
@@ -132,15 +139,23 @@ class Outsider:
 
 @dataclass(frozen=True)
 class Shape:
+    """A job the fuzzer tampers with: `kind` picks the driver (one-shot agents, a rank paused and
+    continued by `agent debug`, `agent exec`, resident agents serving one run), `args` its
+    command line, `expected` the untampered outcome (see the drivers)."""
+
     name: str
+    kind: str
     args: tuple[str, ...]
-    expected: tuple  # the untampered outcome (see outcome())
+    expected: tuple
+    typical: float = 15.0  # seconds untampered, generously (~5-10 s here; resident agents ~12)
 
 
 def _shape(name: str, agent: str, rank: str, expected: tuple) -> Shape:
-    return Shape(name, (*agent.split(), FIXTURE, *rank.split()), expected)
+    return Shape(name, "one-shot", (*agent.split(), FIXTURE, *rank.split()), expected)
 
 
+PAUSE_JOB = str(REPO / "tests" / "fixtures" / "pause_job.py")
+RULE = "-" * 16
 SHAPES = {
     s.name: s
     for s in (
@@ -165,6 +180,39 @@ SHAPES = {
             "--on 99 --others-wait",
             ((1, 1), "hang", None, 1),
         ),
+        # rank 1 pauses in breakpoint(), rank 0 waits for it silently past --hang-timeout;
+        # `agent debug --rank 1 -c c` continues it: both exit 0, the client too
+        Shape("debug", "debug", ("--hang-timeout", "3", PAUSE_JOB), ((0, 0), None, None, 1, 0)),
+        # node 1's command fails: node 0 collates both results and names node 1
+        Shape(
+            "exec",
+            "exec",
+            ("--", "sh", "-c", 'sleep 5; echo "exit $CODE"; exit "$CODE"'),
+            (
+                (1, 3),
+                f"{RULE}\n127.0.0.1 (exit 0)\n{RULE}\nexit 0\n"
+                f"{RULE}\n127.0.0.2 (exit 3)\n{RULE}\nexit 3\n",
+            ),
+        ),  # fmt: skip
+        # resident agents come up, serve one run whose rank 1 fails, and go down on request
+        Shape(
+            "resident",
+            "resident",
+            (
+                "--nproc-per-node",
+                "1",
+                FIXTURE,
+                "--on",
+                "1",
+                "--exit",
+                "3",
+                "--after",
+                "1",
+                "--others-wait",
+            ),
+            (1, "rank", 1, 1, 0, (0, 0)),
+            typical=25.0,
+        ),  # fmt: skip
     )
 }
 
@@ -175,13 +223,12 @@ def outcome(cluster: Cluster, codes: list[int]) -> tuple:
         summary = cluster.summary()
     except (OSError, ValueError):
         return (tuple(codes), "no summary", None, None)
+    return (tuple(codes), *_cause(summary))
+
+
+def _cause(summary: dict) -> tuple:
     cause = summary.get("root_cause") or {}
-    return (
-        tuple(codes),
-        cause.get("kind"),
-        cause.get("rank"),
-        len(summary.get("attempts") or ()),
-    )
+    return (cause.get("kind"), cause.get("rank"), len(summary.get("attempts") or ()))
 
 
 @dataclass
@@ -206,28 +253,139 @@ class Result:
         )
 
 
+@dataclass
+class Tampering:
+    """What a driver is handed: the job's time left, and the outsider to start on a store port."""
+
+    seed: int | None
+    deadline: float
+    outsider: Outsider | None = None
+
+    def left(self) -> float:
+        return max(0.1, self.deadline - time.monotonic())
+
+    def on(self, port: int) -> None:
+        if self.seed is not None:
+            self.outsider = Outsider(port, self.seed).start()
+
+
 def run_job(tmp: Path, shape: Shape, seed: int | None, limit: float = 90.0) -> Result:
     """One 2-node loopback job of `shape`, tampered with at `seed`'s schedule (None: untampered)."""
     tmp.mkdir(parents=True, exist_ok=True)
-    cluster = Cluster(tmp, 2)
-    outsider = None
+    start = time.monotonic()
+    tampering = Tampering(seed, start + limit)
+    dump = [""]  # the driver's console so far, for a failure message
     try:
-        start = time.monotonic()
-        cluster.start(list(shape.args))
-        if seed is not None:
-            outsider = Outsider(derive_port(cluster.job, cluster.step), seed).start()
-        try:
-            codes = cluster.wait(limit)
-        except AssertionError as exc:  # a hang: the job outlived the bound
-            return Result(shape.name, seed or 0, ("hung",), shape.expected,
-                          time.monotonic() - start, outsider, str(exc))  # fmt: skip
-        took = time.monotonic() - start
-        return Result(shape.name, seed or 0, outcome(cluster, codes), shape.expected, took,
-                      outsider, cluster.dump())  # fmt: skip
+        got = DRIVERS[shape.kind](tmp, shape, tampering, dump)
+    except AssertionError as exc:  # a hang: the job outlived the bound
+        got = ("hung",)
+        dump[0] = f"{exc}\n{dump[0]}"
     finally:
-        if outsider is not None:
-            outsider.stop()
+        if tampering.outsider is not None:
+            tampering.outsider.stop()
+    took = time.monotonic() - start
+    return Result(shape.name, seed or 0, got, shape.expected, took, tampering.outsider, dump[0])
+
+
+def _one_shot(tmp: Path, shape: Shape, tampering: Tampering, dump: list[str]) -> tuple:
+    cluster = Cluster(tmp, 2)
+    try:
+        cluster.start(list(shape.args))
+        tampering.on(derive_port(cluster.job, cluster.step))
+        try:
+            codes = cluster.wait(tampering.left())
+        finally:
+            dump[0] = cluster.dump()
+        return outcome(cluster, codes)
+    finally:
         cluster.kill()
+
+
+def _debug(tmp: Path, shape: Shape, tampering: Tampering, dump: list[str]) -> tuple:
+    """A paused rank continued by `agent debug` once the console names it."""
+    cluster = Cluster(tmp, 2)
+    try:
+        cluster.start(list(shape.args))
+        tampering.on(derive_port(cluster.job, cluster.step))
+        try:
+            wait_for(
+                lambda: "rank 1 paused at " in "".join(a.stdout() + a.stderr() for a in cluster.agents),
+                tampering.left(), "the console to say rank 1 paused", interval=0.1,
+            )  # fmt: skip
+            client = _client(["debug", str(cluster.log_dir), "--rank", "1", "-c", "c"],
+                             base_env(tmp), tampering)  # fmt: skip
+            codes = cluster.wait(tampering.left())
+        finally:
+            dump[0] = cluster.dump()
+        dump[0] += f"\n--- agent debug:\n{client.stdout}{client.stderr}"
+        return (*outcome(cluster, codes), client.returncode)
+    finally:
+        cluster.kill()
+
+
+def _exec(tmp: Path, shape: Shape, tampering: Tampering, dump: list[str]) -> tuple:
+    """`agent exec` on two nodes: node 0's collated output and both exit codes."""
+    job = str(uuid.uuid4().int % 10**9)
+    nodes = []
+    for node in range(2):
+        env = {**base_env(tmp), **slurm_env(job, 2, node), "CODE": str(3 * node)}
+        nodes.append(subprocess.Popen(
+            [sys.executable, "-m", "agent", "exec", *shape.args], env=env, cwd=tmp,
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            start_new_session=True,
+        ))  # fmt: skip
+    span = PORT_HIGH - PORT_LOW + 1  # agent exec's store: the agents' port moved half the range
+    tampering.on(PORT_LOW + (derive_port(job, "0") - PORT_LOW + span // 2) % span)
+    try:
+        results = []
+        for proc in nodes:
+            try:
+                out, err = proc.communicate(timeout=tampering.left())
+            except subprocess.TimeoutExpired:
+                raise AssertionError("agent exec outlived the bound") from None
+            results.append((proc.returncode, out, err))
+        dump[0] = "\n".join(f"--- exec {i}:\n{out}{err}" for i, (_, out, err) in enumerate(results))
+        return (tuple(code for code, _, _ in results), results[0][1])
+    finally:
+        for proc in nodes:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.communicate()
+
+
+def _resident(tmp: Path, shape: Shape, tampering: Tampering, dump: list[str]) -> tuple:
+    """Resident agents: up, one run (its exit and root cause), `agent down`, the agents' exits."""
+    serving = Serving(tmp, 2).start()
+    tampering.on(derive_port(serving.job, "0"))
+    try:
+        serving.ready(tampering.left())
+        run = serving.call("run", *shape.args, timeout=tampering.left())
+        dump[0] = f"--- agent run:\n{run.stderr}"
+        logs = run.stderr.split("logs in ", 1)[-1].split()[0] if "logs in " in run.stderr else ""
+        try:
+            cause = _cause(json.loads((Path(logs) / "summary.json").read_text()))
+        except (OSError, ValueError):
+            cause = ("no summary", None, None)
+        down = serving.call("down", timeout=tampering.left())
+        codes = serving.wait(tampering.left())
+        return (run.returncode, *cause, down.returncode, tuple(codes))
+    finally:
+        dump[0] += "\n" + serving.dump()
+        serving.kill()
+        kill_job_processes(f"{serving.job}.0")
+
+
+def _client(args: list[str], env: dict[str, str], tampering: Tampering):
+    try:
+        return subprocess.run(
+            [sys.executable, "-m", "agent", *args], env=env, capture_output=True, text=True,
+            timeout=tampering.left(), stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"`agent {' '.join(args)}` outlived the bound") from None
+
+
+DRIVERS = {"one-shot": _one_shot, "debug": _debug, "exec": _exec, "resident": _resident}
 
 
 @contextlib.contextmanager

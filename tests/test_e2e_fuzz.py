@@ -1,8 +1,10 @@
-"""The tampering fuzzer (issue 35): during 2-node loopback jobs of several shapes, an outsider with
-torch's own client lists the job store's keys and applies random operations at a seeded schedule
-(tests/outsider.py). The job's exit codes, root cause kind and rank, and attempts must equal the
-untampered shape's, within a bounded delay. scripts/soak_tampering.py runs hundreds of them; this
-runs one job a shape. A failure names its seed: replay it with
+"""The tampering fuzzer (issue 35): during 2-node loopback jobs of seven shapes (clean exit, a
+rank failure with a restart, a rank failure, a hang, a paused rank continued by `agent debug`,
+`agent exec`, resident agents serving a run), an outsider with torch's own client lists the job
+store's keys and applies random operations at a seeded schedule (tests/outsider.py). The job's
+exit codes, root cause kind and rank, and attempts (and the client's exit where there is one)
+must equal the untampered shape's, within a bounded delay. scripts/soak_tampering.py runs
+hundreds of them; this runs one job a shape. A failure names its seed: replay it with
 `python scripts/soak_tampering.py --jobs 1 --seed SEED --shapes SHAPE`."""
 
 from __future__ import annotations
@@ -10,8 +12,16 @@ from __future__ import annotations
 import pytest
 from outsider import SHAPES, run_job
 
-DELAY = 30.0  # seconds a tampered job may take beyond its untampered time (~6-12 s here)
-SEEDS = {"clean": 7, "restart": 8, "failure": 9, "hang": 10}
+DELAY = 30.0  # seconds a tampered job may take beyond its shape's typical untampered time
+SEEDS = {
+    "clean": 7,
+    "restart": 8,
+    "failure": 9,
+    "hang": 10,
+    "debug": 11,
+    "exec": 12,
+    "resident": 13,
+}
 # What it found (issue 35) and is fixed, each with a test of its own: a counter set to a
 # non-number (the store client resets it), a barrier or health round waiting for a counter an
 # outsider deleted or set back (they look past it), a claim ticket handed out twice, a peer's
@@ -31,7 +41,7 @@ pytestmark = pytest.mark.e2e
 
 @pytest.fixture
 def run_job_for(tmp_path):
-    return lambda shape, seed: run_job(tmp_path, SHAPES[shape], seed, 15 + DELAY)
+    return lambda shape, seed: run_job(tmp_path, SHAPES[shape], seed, SHAPES[shape].typical + DELAY)
 
 
 @pytest.mark.parametrize("shape", list(SHAPES))
