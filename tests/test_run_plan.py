@@ -11,7 +11,7 @@ import pytest
 from cluster import REPO, base_env
 
 from agent.errors import AgentError
-from agent.plan.ranks import buffer_variable, flight_recorder
+from agent.plan.ranks import buffer_variable, flight_recorder, torch_version, version_in
 from agent.plan.run_plan import Request, RunPlan, decide, node_layout, rank_specs
 from agent.plan.topology import read_topology
 from agent.world import world_from_env
@@ -156,3 +156,31 @@ def test_older_torch_gets_the_old_buffer_name_only():
 
 def test_this_torch_reads_the_new_name():
     assert buffer_variable() == "TORCH_FR_BUFFER_SIZE"  # torch >= 2.7 is installed here
+
+
+def test_the_torch_version_is_the_installed_metadatas_read_without_importing_either():
+    import importlib.metadata
+
+    code = (
+        "import sys; from agent.plan.ranks import torch_version; v = torch_version(); "
+        "print(v, 'torch' in sys.modules, 'importlib.metadata' in sys.modules)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO
+    )
+    assert out.stdout.split() == [importlib.metadata.version("torch"), "False", "False"]
+    assert torch_version() == importlib.metadata.version("torch")
+
+
+@pytest.mark.parametrize(
+    ("text", "version"),
+    [
+        ("from typing import Optional\n__version__ = '2.13.0+cpu'\ndebug = False\n", "2.13.0+cpu"),
+        ('__version__: str = "2.5.1"\n', "2.5.1"),
+        ("git_version = 'abc'\n", None),
+        ("x = 1  # __version__ = '9.9'\n", None),
+        ("", None),
+    ],
+)
+def test_version_in_a_version_file(text, version):
+    assert version_in(text) == version

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import functools
+import importlib.util
+import os
+import re
 import shlex
 import sys
 from collections.abc import Mapping, Sequence
@@ -164,16 +167,38 @@ def flight_recorder(
 @functools.cache
 def buffer_variable() -> str:
     """torch 2.7 renamed the buffer size to TORCH_FR_BUFFER_SIZE and warns in every rank about
-    the old name; older torch reads only the old one. Read from the installed metadata (no
-    import of torch)."""
-    import importlib.metadata
-
+    the old name; older torch reads only the old one."""
+    version = torch_version()
     try:
-        version = importlib.metadata.version("torch")
-        major, minor = (int(part) for part in version.split(".")[:2])
-    except (importlib.metadata.PackageNotFoundError, ValueError):
+        major, minor = (int(part) for part in (version or "").split(".")[:2])
+    except ValueError:
         return FR_BUFFER
     return FR_BUFFER if (major, minor) >= (2, 7) else OLD_FR_BUFFER
+
+
+TORCH_VERSION = re.compile(r"""^__version__\s*(?::\s*\w+\s*)?=\s*['"]([^'"]+)['"]""", re.M)
+
+
+def torch_version() -> str | None:
+    """The installed torch's version, read from torch/version.py as text: neither torch nor
+    importlib.metadata is imported for it (the metadata's imports alone are ~50 ms, and its
+    version() a few ms more, on every agent's start); None when no torch is found."""
+    spec = importlib.util.find_spec("torch")
+    for root in (spec.submodule_search_locations or ()) if spec is not None else ():
+        try:
+            with open(os.path.join(root, "version.py"), encoding="utf-8") as f:
+                version = version_in(f.read(1 << 16))
+        except (OSError, UnicodeDecodeError):
+            continue
+        if version:
+            return version
+    return None
+
+
+def version_in(text: str) -> str | None:
+    """`__version__` as a version.py file assigns it (None where it does not)."""
+    found = TORCH_VERSION.search(text)
+    return found.group(1) if found else None
 
 
 def rank_argv(launch: Launch, rank: int, local_rank: int, node_rank: int) -> tuple[str, ...]:
