@@ -118,3 +118,32 @@ def test_the_watch_asks_silent_ranks_and_tells_overdue_ones_once(tmp_path):
     clock[0] = 1016.0
     watch.look()
     assert told == [(0,)]  # said once
+
+
+@pytest.mark.parametrize(
+    ("silent", "pause"),
+    [
+        ({}, LOOK_AFTER),  # no rank: none can be due before a new one has been quiet that long
+        ({0: 0.0}, LOOK_AFTER),  # it just printed
+        ({0: 0.0, 1: 3.5}, 1.5),  # rank 1's silence reaches LOOK_AFTER first
+        ({0: 4.9}, 1.0),  # never sooner than the tick
+    ],
+)
+def test_the_watch_sleeps_until_a_rank_can_be_due(tmp_path, silent, pause):
+    watch = CollectiveWatch(str(tmp_path), lambda: [(r, 100 + r) for r in silent],
+                            silent.__getitem__, lambda ranks: None, wall=lambda: 1000.0)  # fmt: skip
+    assert watch.look() == pytest.approx(pause)
+    assert watch.looks == 0
+
+
+def test_a_rank_asked_is_not_looked_at_again_before_its_next_look(tmp_path):
+    """A silent rank without a probe (not Python, --no-flight-recorder) is asked, then looked at
+    again IDLE_LOOK later: the watch sleeps that long, less what has passed."""
+    clock = [1000.0]
+    watch = CollectiveWatch(str(tmp_path), lambda: [(0, 100)], lambda rank: 60.0,
+                            lambda ranks: None, wall=lambda: clock[0])  # fmt: skip
+    assert watch.look() == pytest.approx(IDLE_LOOK) and watch.looks == 1
+    clock[0] = 1003.0
+    assert watch.look() == pytest.approx(IDLE_LOOK - 3.0) and watch.looks == 1
+    clock[0] = 1000.0 + IDLE_LOOK
+    assert watch.look() == pytest.approx(IDLE_LOOK) and watch.looks == 2
