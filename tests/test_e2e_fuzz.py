@@ -35,7 +35,9 @@ SEEDS = {
 # Last (2026-11-26, fourth session): an agent whose reconnect was refused while node 0 still
 # served took the store for lost; a refused reconnect is now tried again for 1 s and the error
 # says why. The soak then ran 210 tampered jobs (seeds 9000-9209, 29,558 operations) with no
-# outcome changed - BENCHMARKS.md, "Tampering soak, fourth session".
+# outcome changed - BENCHMARKS.md, "Tampering soak, fourth session". Fifth session: three more
+# shapes (debug, exec, resident); 210 jobs over the seven (seeds 10000-10209, 27,067
+# operations), no outcome changed - BENCHMARKS.md, "Tampering soak, fifth session".
 pytestmark = pytest.mark.e2e
 
 
