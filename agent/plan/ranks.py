@@ -183,7 +183,10 @@ def torch_version() -> str | None:
     """The installed torch's version, read from torch/version.py as text: neither torch nor
     importlib.metadata is imported for it (the metadata's imports alone are ~50 ms, and its
     version() a few ms more, on every agent's start); None when no torch is found."""
-    spec = importlib.util.find_spec("torch")
+    try:
+        spec = importlib.util.find_spec("torch")
+    except (ImportError, ValueError):  # a torch module without a spec (a stand-in)
+        return None
     for root in (spec.submodule_search_locations or ()) if spec is not None else ():
         try:
             with open(os.path.join(root, "version.py"), encoding="utf-8") as f:
