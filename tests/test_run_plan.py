@@ -168,8 +168,11 @@ def test_the_torch_version_is_the_installed_metadatas_read_without_importing_eit
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO
     )
-    assert out.stdout.split() == [importlib.metadata.version("torch"), "False", "False"]
-    assert torch_version() == importlib.metadata.version("torch")
+    # version.py carries the build's local tag (2.14.1+cu130) where pip's metadata may not
+    release = importlib.metadata.version("torch").split("+")[0]
+    version, torch_imported, metadata_imported = out.stdout.split()
+    assert (version.split("+")[0], torch_imported, metadata_imported) == (release, "False", "False")
+    assert (torch_version() or "").split("+")[0] == release
 
 
 @pytest.mark.parametrize(

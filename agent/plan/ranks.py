@@ -182,7 +182,8 @@ TORCH_VERSION = re.compile(r"""^__version__\s*(?::\s*\w+\s*)?=\s*['"]([^'"]+)['"
 def torch_version() -> str | None:
     """The installed torch's version, read from torch/version.py as text: neither torch nor
     importlib.metadata is imported for it (the metadata's imports alone are ~50 ms, and its
-    version() a few ms more, on every agent's start); None when no torch is found."""
+    version() a few ms more, on every agent's start); None when no torch is found. It may carry
+    the build's local tag (2.14.1+cu130) where pip's metadata says 2.14.1."""
     try:
         spec = importlib.util.find_spec("torch")
     except (ImportError, ValueError):  # a torch module without a spec (a stand-in)
