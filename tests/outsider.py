@@ -20,7 +20,7 @@ import threading
 import time
 import uuid
 from collections import Counter, defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from pathlib import Path
 
@@ -195,22 +195,14 @@ SHAPES = {
             ),
         ),  # fmt: skip
         # resident agents come up, serve one run whose rank 1 fails, and go down on request
-        Shape(
-            "resident",
-            "resident",
-            (
-                "--nproc-per-node",
-                "1",
-                FIXTURE,
-                "--on",
-                "1",
-                "--exit",
-                "3",
-                "--after",
-                "1",
-                "--others-wait",
+        replace(
+            _shape(
+                "resident",
+                "--nproc-per-node 1",
+                "--on 1 --exit 3 --after 1 --others-wait",
+                (1, "rank", 1, 1, 0, (0, 0)),
             ),
-            (1, "rank", 1, 1, 0, (0, 0)),
+            kind="resident",
             typical=25.0,
         ),  # fmt: skip
     )
@@ -287,40 +279,38 @@ def run_job(tmp: Path, shape: Shape, seed: int | None, limit: float = 90.0) -> R
     return Result(shape.name, seed or 0, got, shape.expected, took, tampering.outsider, dump[0])
 
 
-def _one_shot(tmp: Path, shape: Shape, tampering: Tampering, dump: list[str]) -> tuple:
+@contextlib.contextmanager
+def _tampered_cluster(tmp: Path, shape: Shape, tampering: Tampering, dump: list[str]):
+    """Two one-shot agents of `shape`, the outsider on their store; their console in `dump`."""
     cluster = Cluster(tmp, 2)
     try:
         cluster.start(list(shape.args))
         tampering.on(derive_port(cluster.job, cluster.step))
         try:
-            codes = cluster.wait(tampering.left())
+            yield cluster
         finally:
             dump[0] = cluster.dump()
-        return outcome(cluster, codes)
     finally:
         cluster.kill()
+
+
+def _one_shot(tmp: Path, shape: Shape, tampering: Tampering, dump: list[str]) -> tuple:
+    with _tampered_cluster(tmp, shape, tampering, dump) as cluster:
+        return outcome(cluster, cluster.wait(tampering.left()))
 
 
 def _debug(tmp: Path, shape: Shape, tampering: Tampering, dump: list[str]) -> tuple:
     """A paused rank continued by `agent debug` once the console names it."""
-    cluster = Cluster(tmp, 2)
-    try:
-        cluster.start(list(shape.args))
-        tampering.on(derive_port(cluster.job, cluster.step))
-        try:
-            wait_for(
-                lambda: "rank 1 paused at " in "".join(a.stdout() + a.stderr() for a in cluster.agents),
-                tampering.left(), "the console to say rank 1 paused", interval=0.1,
-            )  # fmt: skip
-            client = _client(["debug", str(cluster.log_dir), "--rank", "1", "-c", "c"],
-                             base_env(tmp), tampering)  # fmt: skip
-            codes = cluster.wait(tampering.left())
-        finally:
-            dump[0] = cluster.dump()
-        dump[0] += f"\n--- agent debug:\n{client.stdout}{client.stderr}"
-        return (*outcome(cluster, codes), client.returncode)
-    finally:
-        cluster.kill()
+    with _tampered_cluster(tmp, shape, tampering, dump) as cluster:
+        wait_for(
+            lambda: "rank 1 paused at " in "".join(a.stdout() + a.stderr() for a in cluster.agents),
+            tampering.left(), "the console to say rank 1 paused", interval=0.1,
+        )  # fmt: skip
+        client = _client(["debug", str(cluster.log_dir), "--rank", "1", "-c", "c"],
+                         base_env(tmp), tampering)  # fmt: skip
+        codes = cluster.wait(tampering.left())
+    dump[0] += f"\n--- agent debug:\n{client.stdout}{client.stderr}"
+    return (*outcome(cluster, codes), client.returncode)
 
 
 def _exec(tmp: Path, shape: Shape, tampering: Tampering, dump: list[str]) -> tuple:
