@@ -343,3 +343,25 @@ def test_a_second_ctrl_c_stops_waiting_at_once(agent):
     assert child.returncode == 130 and gone.is_set()
     assert received[1:] == [{"op": "signal", "signal": "SIGINT"}, None]
     assert b"stopped waiting" in err and b"Traceback" not in err
+
+
+def test_a_run_client_imports_only_what_a_run_request_needs(tmp_path):
+    """`agent run` starts at every edit-and-rerun: no torch, and none of what only the LOG_DIR
+    clients use (history's sqlite3 and summary reader, the pdb terminal)."""
+    code = (
+        "import sys\n"
+        "sys.argv = ['agent', 'run', 'train.py']\n"
+        "from agent.__main__ import main\n"
+        "print('exit', main())\n"
+        "heavy = ('torch', 'sqlite3', 'agent.history', 'agent.serve.pdb_terminal')\n"
+        "print(sorted(name for name in heavy if name in sys.modules))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(REPO), "AGENT_STATE_DIR": str(tmp_path)},
+    )
+    assert done.stdout.splitlines() == [f"exit {int(ExitCode.RENDEZVOUS)}", "[]"], done.stderr

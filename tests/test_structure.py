@@ -384,6 +384,8 @@ def private_reaches(modules: Mapping[str, tuple[Path, str, ast.Module]]) -> list
 STDLIB_PRIVATE = frozenset(
     {"_exit", "_getframe", "_current_frames", "_asdict", "_replace", "_fields"}
     | {"_run_exitfuncs", "_shutdown", "_run_module_as_main"}
+    # exit finalisers: a fast exit drops torch's operator deregistration and keeps the others
+    | {"_registry"}
     # io's C bases: isinstance on io's ABCs over torch's 165K objects costs 0.36 s at exit
     | {"_IOBase", "_TextIOBase", "_BufferedIOBase"}
     # torch offers no public way to a rank's flight recorder nor to its groups' members: the

@@ -9,12 +9,10 @@ from dataclasses import replace
 from pathlib import Path
 
 from agent.errors import AgentError, ExitCode
-from agent.history import log_dir_of
-from agent.history.liveness import KILLED, unfinished
 from agent.launch.cli import misplaced_warning
 from agent.plan.client_env import client_env
 from agent.plan.log_dir import LogDir, stacks_attempt
-from agent.serve import client, pdb_terminal
+from agent.serve import client
 from agent.serve.cli import parse_client
 from agent.text import printable
 
@@ -27,6 +25,8 @@ def main(action: str, argv: Sequence[str], environ: Mapping[str, str]) -> int:
     home = Path.home()
     log_dir = command.log_dir if command.serve_file == _control(command.log_dir) else None
     if log_dir is not None:  # LOG_DIR, or the id of its job (agent history's)
+        from agent.history import log_dir_of  # sqlite3 and the summary's reader: not for `run`
+
         log_dir = log_dir_of(log_dir, environ)
         command = replace(command, serve_file=_control(log_dir), log_dir=log_dir)
     if log_dir is not None and (not os.path.isfile(LogDir(log_dir).control) or killed(log_dir)):
@@ -88,6 +88,8 @@ def _attach(
     except AgentError as exc:
         print(f"agent: error: {printable(exc.message)}", file=sys.stderr)
         return
+    from agent.serve import pdb_terminal
+
     try:
         request = {"op": "debug", "action": "attach", "rank": rank, "run": run}
         pdb_terminal.session(channel, request)
@@ -100,6 +102,8 @@ def _attach(
 def not_live(log_dir: str) -> AgentError:
     """`agent stacks LOG_DIR` when no node 0 answers for LOG_DIR: what its files say instead
     (3: no job to ask; 2: LOG_DIR is not a directory)."""
+    from agent.history.liveness import KILLED, unfinished
+
     summary = LogDir(log_dir).summary
     judged = unfinished(log_dir)
     if judged is not None and judged[0] == KILLED:  # the record of its start, never completed
@@ -169,11 +173,15 @@ def newest_job_dir(base: str) -> str | None:
 
 def killed(log_dir: str) -> bool:
     """Whether LOG_DIR's job ended without its summary: its agents were killed."""
+    from agent.history.liveness import KILLED, unfinished
+
     judged = unfinished(log_dir)
     return judged is not None and judged[0] == KILLED
 
 
 def has_verdict(log_dir: str) -> bool:
+    from agent.history.liveness import unfinished
+
     return os.path.isfile(LogDir(log_dir).summary) and unfinished(log_dir) is None
 
 

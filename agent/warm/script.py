@@ -169,7 +169,7 @@ def _forgo_torch_deregistration() -> None:
     134 calls into the dispatcher with torch 2.13, 0.1-0.2 s of a rank's end when 8 end at
     once on 2 cores, and nothing outside the process that is ending could see the difference.
     Every other exit finaliser (the user's, any library's) still runs."""
-    registry = getattr(weakref.finalize, "_registry", None)
+    registry = weakref.finalize._registry  # type: ignore[attr-defined]  # stable since 3.4
     if not isinstance(registry, dict):
         return
     for finalizer, info in list(registry.items()):
