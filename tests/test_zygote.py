@@ -371,6 +371,21 @@ def test_a_warm_exit_skips_only_torchs_operator_deregistration():
     assert (done.returncode, done.stdout) == (0, "True True True\n"), done.stderr
 
 
+def test_a_rank_reads_the_source_as_it_is_now_not_as_the_zygote_cached_it(tmp_path):
+    """A warning at import made the zygote cache the module's lines; the file changed since:
+    a rank's tracebacks and linecache show the lines on disk, as a fresh interpreter would."""
+    module = tmp_path / "warns_at_import.py"
+    module.write_text("import warnings\nwarnings.warn('old line two')\n")
+    env = base_env(PYTHONPATH=str(tmp_path))
+    with Zygote.start(["warns_at_import"], env) as zygote:
+        assert zygote.wait_ready(60), zygote.info
+        module.write_text("import warnings\nwarnings.warn('new line two')\n")
+        reader = tmp_path / "read_line.py"
+        reader.write_text(f"import linecache\nprint(linecache.getline({str(module)!r}, 2))\n")
+        code, out, err = warm(zygote, [str(reader)], env, str(tmp_path))
+    assert (code, out) == (0, "warnings.warn('new line two')\n\n"), err
+
+
 def test_ranks_forked_together_hold_only_their_own_pipes(light_zygote):
     """One request forks both ranks: the first one's output ends (EOF) when it exits, though
     the second, forked after it from the same request, still runs."""

@@ -9,7 +9,8 @@ from __future__ import annotations
 import ctypes
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 # numpy's bundled OpenBLAS (scipy-openblas, symbol-prefixed) first, then plain builds.
 _OPENBLAS_SETTERS = (
@@ -51,13 +52,10 @@ def _openblas_libraries() -> list[str]:
     return sorted(p for p in paths if p.startswith("/") and ".so" in p)
 
 
-def _openblas_threads(env: Mapping[str, str]) -> None:
-    """OpenBLAS sizes its pool when loaded: OPENBLAS_NUM_THREADS, else GOTO_NUM_THREADS, else
-    OMP_NUM_THREADS, capped by (or, unset, equal to) the CPUs this process may use. The rank's
-    OMP_NUM_THREADS and binding differ from the zygote's, so apply the rank's count."""
-    cpus = len(os.sched_getaffinity(0))
-    names = ("OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS", "OMP_NUM_THREADS")
-    wanted = min(next((n for n in (thread_count(env.get(v)) for v in names) if n), cpus), cpus)
+def openblas_setters() -> tuple[Callable[[int], Any], ...]:
+    """Each loaded OpenBLAS's set_num_threads, found once in the zygote: its memory map and the
+    libraries are the ranks' too, and reading the map costs each rank ~2 ms."""
+    setters = []
     for path in _openblas_libraries():
         try:
             lib = ctypes.CDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_LAZY)  # already loaded
@@ -67,8 +65,20 @@ def _openblas_threads(env: Mapping[str, str]) -> None:
             setter = getattr(lib, name, None)
             if setter is not None:
                 setter.argtypes = [ctypes.c_int]
-                setter(wanted)
+                setters.append(setter)
                 break
+    return tuple(setters)
+
+
+def _openblas_threads(env: Mapping[str, str], setters: Sequence[Callable[[int], Any]]) -> None:
+    """OpenBLAS sizes its pool when loaded: OPENBLAS_NUM_THREADS, else GOTO_NUM_THREADS, else
+    OMP_NUM_THREADS, capped by (or, unset, equal to) the CPUs this process may use. The rank's
+    OMP_NUM_THREADS and binding differ from the zygote's, so apply the rank's count."""
+    cpus = len(os.sched_getaffinity(0))
+    names = ("OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS", "OMP_NUM_THREADS")
+    wanted = min(next((n for n in (thread_count(env.get(v)) for v in names) if n), cpus), cpus)
+    for setter in setters:
+        setter(wanted)
 
 
 def _reseed() -> None:
@@ -87,12 +97,17 @@ def _reseed() -> None:
         generator.seed()
 
 
-def reapply(env: Mapping[str, str], zygote_env: Mapping[str, str], zygote_cpus: set[int]) -> None:
-    """Thread pools, RNG seeds and secrets that a fresh interpreter would have made its own."""
+def reapply(
+    env: Mapping[str, str],
+    zygote_env: Mapping[str, str],
+    zygote_cpus: set[int],
+    openblas: Sequence[Callable[[int], Any]] = (),
+) -> None:
+    """Thread pools, RNG seeds and secrets that a fresh interpreter would have made its own
+    (`openblas`: openblas_setters(), as the zygote found them)."""
     moved = os.sched_getaffinity(0) != zygote_cpus or "OMP_NUM_THREADS" in zygote_env
     _torch_threads(env, moved)
-    if "numpy" in sys.modules:
-        _openblas_threads(env)
+    _openblas_threads(env, openblas)
     _reseed()
     process = sys.modules.get("multiprocessing.process")
     if process is not None:
@@ -107,4 +122,10 @@ def reapply(env: Mapping[str, str], zygote_env: Mapping[str, str], zygote_cpus: 
         tempfile.tempdir = None  # type: ignore[attr-defined]
     linecache = sys.modules.get("linecache")
     if linecache is not None:
-        linecache.clearcache()  # source lines the zygote cached may be stale by now
+        # Source lines the zygote cached may be stale by now. Replaced, not cleared: freeing the
+        # zygote's lines (torch's import warnings cache whole files) costs a rank ~8 ms.
+        _replaced.append(linecache.cache)
+        linecache.cache = {}  # type: ignore[attr-defined]
+
+
+_replaced: list[Any] = []  # what reapply replaced, never freed (it is the zygote's memory)

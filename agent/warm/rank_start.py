@@ -46,6 +46,7 @@ class Origin:
         self.pid = os.getpid()
         self.agent = os.getppid()  # zygote_main checked that its parent is the agent
         self.close = close  # closes the zygote's control socket, selector and wakeup pipe
+        self.openblas = libs.openblas_setters() if "numpy" in sys.modules else ()
 
 
 def become_rank(
@@ -147,7 +148,7 @@ def _prepare(request: Mapping[str, Any], origin: Origin) -> int:
         code = _bind(cpus or [], mems or [], bool(request.get("strict")), origin)
         if code:
             return code
-    libs.reapply(env, origin.env, origin.cpus)
+    libs.reapply(env, origin.env, origin.cpus, origin.openblas)
     sys.path[:] = _base_path(origin, env, request["cwd"])
     # What the preloaded imports printed, a fresh rank prints when its script imports them.
     for fd, text in ((1, origin.import_out), (2, origin.import_err)):

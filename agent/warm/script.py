@@ -15,6 +15,7 @@ import signal
 import sys
 import weakref
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from importlib.machinery import EXTENSION_SUFFIXES, BuiltinImporter, SourceFileLoader
 from types import ModuleType
 from typing import Any, NoReturn
@@ -95,12 +96,23 @@ def _is_importer(path: str) -> bool:
 def _forget_modules(keep: frozenset[str]) -> None:
     """Modules the zygote imported for itself (ours, json, selectors...) and this child imported
     for the binding leave sys.modules: the user's `import agent` or `import numa` must find their
-    own. Extension modules stay, as re-initialising one in-process is not always supported."""
-    for name in [n for n in sys.modules if n not in keep]:
-        origin = getattr(getattr(sys.modules[name], "__spec__", None), "origin", None) or ""
+    own. Extension modules stay, as re-initialising one in-process is not always supported.
+    What leaves is kept alive here: freeing it would write to (and so copy) the pages of every
+    object it held, 10-20 ms of a rank's start; so is the zygote's cache of path finders."""
+    names = _frozen.own_modules
+    if len(sys.modules) != _frozen.module_count:  # the binding imported some: list them all
+        names = tuple(name for name in sys.modules if name not in keep)
+    for name in names:
+        module = sys.modules.get(name)
+        origin = getattr(getattr(module, "__spec__", None), "origin", None) or ""
         if name not in sys.builtin_module_names and not origin.endswith(tuple(EXTENSION_SUFFIXES)):
-            del sys.modules[name]
-    sys.path_importer_cache.clear()  # finders the zygote cached (its own dirs among them)
+            _left_behind.append(sys.modules.pop(name, None))
+    # Finders the zygote cached (its own dirs among them) are forgotten too.
+    _left_behind.append(sys.path_importer_cache)
+    sys.path_importer_cache = {}
+
+
+_left_behind: list[Any] = []  # what a rank forgot, never freed (see _forget_modules)
 
 
 def _call(runner: Callable[[], object]) -> tuple[int, bool]:
@@ -179,19 +191,31 @@ def _forgo_torch_deregistration() -> None:
             finalizer.atexit = False
 
 
-def freeze_preloaded() -> None:
-    """In the zygote, once its preload is imported: move every object into gc's permanent
-    generation, so that no rank's collection or scan writes to the pages it shares with the
-    zygote (with torch, 165k objects: each write a page copied, per rank), and remember the
-    preload's open files, which a rank closes at its end as it closes its own."""
-    global _preloaded_files
+@dataclass(frozen=True)
+class Frozen:
+    """What the zygote knew when it froze, for each rank forked from it."""
+
+    files: tuple[weakref.ref[Any], ...] = ()  # the preload's open files, weakly
+    own_modules: tuple[str, ...] = ()  # modules the zygote imported for itself (not preloaded)
+    module_count: int = 0  # len(sys.modules) then: more in a rank, and its own are listed anew
+
+
+def freeze_preloaded(keep: frozenset[str]) -> None:
+    """In the zygote, once its preload (`keep`) and its own modules are imported: move every
+    object into gc's permanent generation, so that no rank's collection or scan writes to the
+    pages it shares with the zygote (with torch, 165k objects: each write a page copied, per
+    rank); remember the preload's open files, which a rank closes at its end as it closes its
+    own, and the zygote's own modules, which each rank forgets."""
+    global _frozen
     # Weak: a reference from here would keep a file open past a full shutdown's module teardown
     # (this module has left sys.modules in a rank, and frozen cycles are never collected).
-    _preloaded_files = tuple(map(weakref.ref, _open_files(gc.get_objects())))
+    files = tuple(map(weakref.ref, _open_files(gc.get_objects())))
+    own = tuple(name for name in sys.modules if name not in keep)
+    _frozen = Frozen(files, own, len(sys.modules))
     gc.freeze()
 
 
-_preloaded_files: tuple[weakref.ref[Any], ...] = ()  # the preload's open files, weakly
+_frozen = Frozen()
 
 
 def _open_files(objects: list[Any]) -> Iterator[Any]:
@@ -215,7 +239,7 @@ def _close_left_open() -> None:
     std = {id(s) for s in (sys.stdin, sys.stdout, sys.stderr) if s is not None}
     std |= {id(getattr(s, "buffer", None)) for s in (sys.stdout, sys.stderr, sys.stdin)}
     found: list[list[Any]] = [[], [], [], []]
-    preloaded = (file() for file in _preloaded_files)
+    preloaded = (file() for file in _frozen.files)
     for obj in itertools.chain(_open_files(gc.get_objects()), preloaded):
         if obj is None or id(obj) in std:
             continue

@@ -201,7 +201,7 @@ def serve(
     # A Python-level handler makes the C handler write to the wakeup fd; SIG_DFL would not.
     signal.signal(signal.SIGCHLD, lambda *_: None)
     signal.set_wakeup_fd(loop.wake_w, warn_on_full_buffer=False)
-    script.freeze_preloaded()  # the last thing before ranks are forked: all of it shared
+    script.freeze_preloaded(modules)  # the last thing before ranks are forked: all of it shared
     loop.send({"op": "ready", **info})
     while True:
         for key, _ in loop.selector.select():
