@@ -76,3 +76,13 @@ def test_garbage_over_a_request_is_skipped_once_a_later_one_is_published(server)
     node1.start()
     assert answered(node1, second) == {"echo": 2, "n": second}
     node0.end()
+
+
+@pytest.mark.parametrize(
+    ("nodes", "seconds"), [(1, 5.0), (2, 5.0), (1024, 5.0), (1280, 5.0), (2048, 8.0), (4096, 16.0)]
+)
+def test_answering_threads_recheck_less_often_in_jobs_too_large_for_node_0s_store(nodes, seconds):
+    """Each recheck is a query and a new wait at node 0's store: N agents share 256 a second."""
+    from agent.hang.desk import recheck_pace
+
+    assert recheck_pace(nodes) == seconds

@@ -241,6 +241,23 @@ def test_pace_watch_names_a_slow_node_once_and_its_end(caplog):
     assert episode["until"] >= episode["since"]
 
 
+def test_a_pace_watch_looks_again_soon_after_news_and_later_after_none():
+    """The supervisor wakes at `due`: POST_EVERY after a record went out, QUIET_LOOK after a
+    look that found no new progress line (an idle node's supervisor then sleeps)."""
+    from agent.run.pace import POST_EVERY, QUIET_LOOK
+
+    watches, _, clocks = _pace_pair()
+    watch = watches[0]
+    nexts = []
+    for now, news in ((10.0, True), (10.25, False), (11.25, True), (11.5, False), (12.5, False)):
+        if news:
+            _step(clocks, 0, 0.2, 3 + len(nexts), 0.0)
+        watch.tick(now)
+        nexts.append(round(watch.due - now, 3))
+    assert nexts == [POST_EVERY, QUIET_LOOK, POST_EVERY, QUIET_LOOK, QUIET_LOOK]
+    assert QUIET_LOOK > POST_EVERY
+
+
 @pytest.mark.parametrize(
     ("ended", "still_straggling"),
     [

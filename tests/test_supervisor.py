@@ -5,6 +5,7 @@ from __future__ import annotations
 import queue
 import signal
 import threading
+import time
 
 from agent.node.events import AbortSeen, StoreLost
 from agent.node.failure import Failure, Kind
@@ -258,3 +259,40 @@ def test_a_lost_store_tears_down_and_says_so():
     outcome = sup.run(start)
     assert outcome.store_lost == "lost the job store at 10.0.0.1:29500"
     assert {s for _, s in procs.sent} == {signal.SIGTERM} and reports == []
+
+
+class SilentStream(FakeStream):
+    """A rank that printed its last line at `since` (monotonic)."""
+
+    def __init__(self, since: float) -> None:
+        super().__init__()
+        self.last_output = self.last_progress = since
+
+
+def test_a_hang_warning_comes_when_it_falls_due_not_at_the_next_idle_look():
+    """Nothing happening, the supervisor sleeps IDLE_TICK (5 s) between looks, except until the
+    next look that is due: a rank silent for --hang-warning 0.2 s is warned about at once."""
+    events, reports = queue.SimpleQueue(), []
+    procs = FakeProcesses(events)
+    specs = [_spec(0)]
+    sup = Supervisor(
+        specs, stage=Stage(0, 0), events=events, report=lambda r: r, grace=5.0,
+        hang_warning=0.2, processes=procs,
+    )  # fmt: skip
+    started = time.monotonic()
+    workers = [Worker(specs[0], FakeProc(1000), 0.0, SilentStream(started), SilentStream(started))]
+    warned = threading.Event()
+
+    def watch() -> None:  # ends the rank once the warning is out (3 s: a hang, not a slow look)
+        deadline = time.monotonic() + 3.0
+        while not sup.outcome.warnings and time.monotonic() < deadline:
+            time.sleep(0.01)
+        if sup.outcome.warnings:
+            warned.set()
+        events.put(RankExited(0, 0, 1.0))
+
+    threading.Thread(target=watch, daemon=True).start()
+    outcome = sup.run(lambda: workers)
+    assert warned.is_set(), "no --hang-warning within 3 s of a 0.2 s one"
+    assert outcome.warnings == ["rank 0 has printed nothing for 0s (--hang-warning)"]
+    assert reports == []

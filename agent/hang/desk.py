@@ -32,6 +32,9 @@ log = logging.getLogger("agent")
 ANSWER_SLACK = 2.0  # seconds node 0 waits beyond the capture time itself
 ANSWER_LIMIT = 4 << 20  # bytes of JSON per node's answer (a store value holds 8 MiB sealed)
 RECHECK = 5.0  # seconds an answering thread waits on a request before it looks for a later one
+# ...or longer in a job so large that node 0's store would answer more rechecks a second than
+# this (each a query and a new wait): a deleted request delays its node's answer that long.
+RECHECKS_PER_SECOND = 256
 
 
 class StackDesk:
@@ -43,7 +46,7 @@ class StackDesk:
         ranks: Callable[[], list[tuple[int, int]]],  # this node's live (rank, pid)
         fallback_dir: str | None = None,
         stage: Stage | None = None,  # the run and attempt it serves (a request names its run)
-        recheck: float = RECHECK,
+        recheck: float | None = None,  # recheck_pace(len(nodes)) when not given
     ) -> None:
         self.scope, self.nodes, self.host, self.stage = scope, tuple(nodes), host, stage
         self.ranks, self.fallback_dir = ranks, fallback_dir
@@ -52,7 +55,7 @@ class StackDesk:
         self._posted = 0  # node 0: the number of the last request it published
         self._gathering: Scope | None = None  # node 0: the connection `gather` waits on
         self._gather_lock = threading.Lock()
-        self.recheck = recheck
+        self.recheck = recheck_pace(len(self.nodes)) if recheck is None else recheck
         # request["desk"] → who answers it instead of this desk: (number, request) → the answer
         # (put here at once), or None when it puts one under answer_name(number) itself later
         self.relays: dict[str, Callable[[int, dict[str, Any]], dict[str, Any] | None]] = {}
@@ -230,3 +233,9 @@ def _silent(node: int, waited: float) -> RankStack:
         threads=(),
         error=f"node {node}'s agent did not answer within {waited:g} s",
     )
+
+
+def recheck_pace(nodes: int) -> float:
+    """Seconds between an answering thread's looks past its request: RECHECK, or longer where
+    `nodes` threads looking that often would ask node 0's store more than RECHECKS_PER_SECOND."""
+    return max(RECHECK, nodes / RECHECKS_PER_SECOND)

@@ -41,6 +41,7 @@ from agent.run.stragglers import (
 
 log = logging.getLogger("agent")
 POST_EVERY = 0.25  # seconds between a node's pace records, at least (none without news)
+QUIET_LOOK = 1.0  # seconds to the next look for news after a look found none
 LOOK_EVERY = 1.0  # seconds between node 0's looks when only stragglers are judged
 
 
@@ -66,18 +67,21 @@ class PaceWatch:
         now = time.monotonic() if now is None else now
         if now < self._next:
             return
-        self._next = now + POST_EVERY
+        posted = False
         try:
-            self._post(now)
+            posted = self._post(now)
         except Exception as exc:  # a store in trouble is the watchers' to report, not ours
             log.debug("pace: %s", exc)
+        # News comes in bursts while ranks step: looked for again soon after some, else later.
+        self._next = now + (POST_EVERY if posted else QUIET_LOOK)
 
     @property
     def due(self) -> float:
         """When (monotonic) the next record may go out: the supervisor wakes for it."""
         return self._next
 
-    def _post(self, now: float) -> None:
+    def _post(self, now: float) -> bool:
+        """Seal this node's pace when it has news; whether it did."""
         ranks, lines, latest = [], [], None
         for rank, clock in sorted(self.clocks().items()):
             durations = clock.durations.copy()  # one C call: the reader thread may append
@@ -89,7 +93,7 @@ class PaceWatch:
                 latest = when if latest is None else max(latest, when)
         seen = tuple(zip((r[0] for r in ranks), lines, (r[3] for r in ranks), strict=True))
         if not ranks or seen == self._posted:
-            return
+            return False
         self._posted, self._seq = seen, self._seq + 1
         record = {
             "host": self.host,
@@ -99,6 +103,7 @@ class PaceWatch:
             "age": round(max(0.0, now - (latest or now)), 3),  # its latest progress line's
         }
         self.scope.put(f"pace/{self.agent}", record)
+        return True
 
 
 class PaceJudge:

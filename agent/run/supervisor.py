@@ -22,7 +22,10 @@ from agent.run.leftovers import Leftovers
 from agent.run.summary import RankExit, rank_failure
 
 log = logging.getLogger("agent")
-IDLE_TICK = 1.0  # seconds between the supervisor's looks when nothing happens
+# The longest the supervisor waits for an event when nothing falls due sooner: at thousands of
+# agents on few cores, every needless wake of every agent is CPU the job's own work lacks.
+IDLE_TICK = 5.0
+PAUSED_LOOK = 1.0  # while a rank is paused in pdb: how often its pause is noted (--hang-warning)
 # Where Slurm signals every process of the step itself, a rank killed by a stop signal may be
 # seen before the agent's own copy of it: how long the rank's exit waits for that copy before
 # it counts as the rank's failure (the scheduler's stop is the job's cause, not the rank).
@@ -249,17 +252,41 @@ class Supervisor:
         return 0.0
 
     def _until_due(self) -> float:
-        """Seconds to wait for an event: a second, or less when this node turns quiet sooner
-        (--hang-timeout) or its pace record is due (node 0 judges on both)."""
+        """Seconds to wait for an event: until the next look falls due — this node turning
+        quiet (--hang-timeout), a rank's --hang-warning, its pace record (node 0 judges on
+        those) — and IDLE_TICK at most."""
         wait = IDLE_TICK
         if self._deadline is not None:
             return wait
+        now = time.monotonic()
         quiet_for = self.quiet_for() if self.hang is not None else None
         if quiet_for is not None and not self.hang.quiet and self.hang.timeout > 0:
             wait = min(wait, self.hang.timeout - quiet_for + 0.01)
+        paused = set(self.paused())
+        if paused:
+            wait = min(wait, PAUSED_LOOK)
+        warning = self._warning_due(paused)
+        if warning is not None:
+            wait = min(wait, warning - now + 0.01)
         if self.pace is not None:
-            wait = min(wait, self.pace.due - time.monotonic())
+            wait = min(wait, self.pace.due - now)
         return max(wait, 0.01)
+
+    def _warning_due(self, paused: set[int]) -> float | None:
+        """When (monotonic) the first live rank not yet warned about, and not paused in pdb,
+        reaches --hang-warning (as _check_hangs counts it: its last line, or the last look that
+        found it paused)."""
+        due = [
+            self._last_sign(worker) + self.hang_warning
+            for worker in self.workers
+            if worker.returncode is None and worker.spec.rank not in self._hung | paused
+        ]
+        return min(due) if due else None
+
+    def _last_sign(self, worker: w.Worker) -> float:
+        # time spent in pdb is not silence: a rank that ran on is quiet since it left pdb
+        rank = worker.spec.rank
+        return max(worker.out.last_output, worker.err.last_output, self._paused_seen.get(rank, 0.0))
 
     def _check_hangs(self) -> None:
         now = time.monotonic()
@@ -272,9 +299,7 @@ class Supervisor:
         for worker in self.workers:
             if worker.returncode is not None or worker.spec.rank in self._hung | paused:
                 continue
-            # time spent in pdb is not silence: a rank that ran on is quiet since it left pdb
-            last = max(worker.out.last_output, worker.err.last_output,
-                       self._paused_seen.get(worker.spec.rank, 0.0))  # fmt: skip
+            last = self._last_sign(worker)
             if now - last > self.hang_warning:
                 self._hung.add(worker.spec.rank)
                 msg = f"rank {worker.spec.rank} has printed nothing for {now - last:.0f}s (--hang-warning)"

@@ -368,6 +368,30 @@ def _phase_cpu(slots: list[Slot]) -> dict[str, list[float]]:
     return out
 
 
+def thread_cpu() -> dict[int, tuple[str, float]]:
+    """Each live thread's CPU seconds (the scheduler's own count), with its Python name."""
+    names = {t.native_id: t.name for t in threading.enumerate()}
+    found = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/schedstat") as f:
+                found[int(tid)] = (names.get(int(tid), "native"), int(f.read().split()[0]) / 1e9)
+        except (OSError, ValueError, IndexError):
+            continue
+    return found
+
+
+def cpu_by_kind(before: dict[int, tuple[str, float]], process_before: float) -> dict[str, float]:
+    """CPU seconds since `before` per kind of thread (its name without numbers); threads that
+    ended meanwhile are the rest of the process's CPU."""
+    kinds: dict[str, float] = {}
+    for tid, (name, cpu) in thread_cpu().items():
+        kind = "".join(ch for ch in name.split(" (")[0] if not ch.isdigit()).rstrip("-")
+        kinds[kind] = kinds.get(kind, 0.0) + cpu - before.get(tid, ("", 0.0))[1]
+    kinds["threads that ended"] = time.process_time() - process_before - sum(kinds.values())
+    return {k: round(v, 3) for k, v in sorted(kinds.items(), key=lambda kv: -kv[1])}
+
+
 def emit(**record: Any) -> None:
     sys.stdout.write(json.dumps(record) + "\n")
     sys.stdout.flush()
@@ -453,6 +477,7 @@ def main(argv: list[str]) -> int:
         if not words:
             continue
         if words[0] == "go":
+            threads_at_go, cpu_at_go = thread_cpu(), time.process_time()
             go.set()
             ok = MARKS.wait_until(lambda: settled("spawned_at"), WAIT)
             emit(
@@ -468,6 +493,9 @@ def main(argv: list[str]) -> int:
                 if role == "leader" or lo == 1
                 else {},
                 cpu=_phase_cpu(slots),
+                by_thread=cpu_by_kind(threads_at_go, cpu_at_go)
+                if role == "leader" or lo == 1
+                else {},
             )
         elif words[0] == "abort":
             target = by_index.get(int(words[1]))

@@ -213,6 +213,8 @@ def measure(n: int, work: Path, idle_s: float, log) -> dict[str, Any]:
             values = sorted(v for s in spawned[1:] for v in (s.get("cpu") or {}).get(phase, []))
             out[f"agent_{phase}_cpu_ms"] = 1000 * values[len(values) // 2] if values else None
         out["errors"] = errors[:5]
+        # CPU seconds by thread kind from release to ranks started: node 0, one process of others
+        out["startup_threads"] = [spawned[0].get("by_thread"), spawned[1].get("by_thread")]
         out["leader_fds"] = spawned[0].get("fds")
         out["follower_fds"] = [s.get("fds") for s in spawned[1:]]
         out["threads"] = [s.get("threads") for s in spawned]
