@@ -161,7 +161,7 @@ def test_a_peer_names_only_its_own_counter_and_asks_for_answers_at_its_pace(
         (2, 1.0, 6.0, False, (1.0, 3)),  # small jobs tick every interval, answered every 3 s
         (2, 1.0, 2.0, False, (1.0, 1)),  # a short timeout: every tick answered
         (TICKS_PER_SECOND, 1.0, 6.0, False, (1.0, 3)),
-        (2 * TICKS_PER_SECOND, 1.0, 6.0, False, (2.0, 1)),  # node 0 gets 2,048 ticks a second
+        (2 * TICKS_PER_SECOND, 1.0, 6.0, False, (2.0, 1)),  # node 0 gets TICKS_PER_SECOND a second
         (2 * TICKS_PER_SECOND, 1.0, 6.0, True, (1.0, 3)),  # node 0 reads every interval
         (8 * TICKS_PER_SECOND, 1.0, 6.0, False, (2.0, 1)),  # never < 3 ticks per timeout
         (8 * TICKS_PER_SECOND, 1.0, 30.0, False, (8.0, 1)),

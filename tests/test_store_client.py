@@ -39,6 +39,25 @@ def test_values_cross_between_our_client_and_torchs(server) -> None:
     assert ours.check(["a/b", "from-torch"]) and not ours.check(["a/b", "missing"])
 
 
+def test_which_of_many_keys_exist_comes_back_in_order_key_by_key(server) -> None:
+    """Node 0's coordinator asks which nodes posted a standing: one pipelined query for all."""
+    from agent.node.local_store import LocalStore
+    from agent.node.store import Endpoint, Store
+
+    keys = [f"standing/{i}" for i in range(3000)]
+    for key in keys[::7]:
+        server.set(key, "x")
+    expected = [i % 7 == 0 for i in range(3000)]
+    assert _ours(server).check_each(keys) == expected
+    assert (
+        Store(_ours(server), Endpoint("127.0.0.1", server.port), "").exists_each(keys) == expected
+    )
+    local = LocalStore()
+    local.set("b", b"1")
+    assert Store(local, Endpoint("127.0.0.1", 1), "").exists_each(["a", "b"]) == [False, True]
+    assert _ours(server).check_each([]) == []
+
+
 def test_wait_returns_when_another_client_sets_the_key(server) -> None:
     ours = _ours(server)
     setter = threading.Timer(0.2, lambda: server.set("later", "1"))

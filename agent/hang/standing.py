@@ -164,8 +164,10 @@ def skew_line(standings: Sequence[Standing], now: float, after: float, log_dir: 
     `now`) while others still run — the shape of a job stuck in its last collective or
     teardown. Names the ranks still running and their hosts, and how to see where they are."""
     clean = [e for s in standings for e in s.ended if e.returncode == 0]
+    if not clean or after <= 0:
+        return ""  # before every rank still running is listed: O(ranks) at each look
     running = still_running(standings)
-    if not clean or not running or after <= 0:
+    if not running:
         return ""
     waited = now - min(e.end for e in clean)
     if waited < after:

@@ -200,6 +200,12 @@ class Store:
     def exists(self, key: str) -> bool:
         return bool(self._client.check([key]))
 
+    def exists_each(self, keys: Sequence[str]) -> list[bool]:
+        """Whether each key exists: one round trip with our client."""
+        if isinstance(self._client, StoreClient):
+            return self._client.check_each(keys)
+        return [bool(self._client.check([key])) for key in keys]
+
     def exists_all(self, keys: Sequence[str]) -> bool:
         """Whether every key exists (one query)."""
         return bool(self._client.check(list(keys)))

@@ -297,6 +297,13 @@ class StoreClient:
         with self._lock:
             return self._again(ask)
 
+    def check_each(self, keys: Sequence[str]) -> list[bool]:
+        """Whether each key exists: one query per key, pipelined (one round trip for all)."""
+        if not keys:
+            return []
+        with self._lock:
+            return self._again(lambda: self._exists(keys))
+
     def wait(self, keys: Sequence[str], timeout: float | None) -> None:
         """Block until every key exists; StoreTimeout after `timeout` seconds (None: forever)."""
         deadline = None if timeout is None else time.monotonic() + timeout

@@ -235,7 +235,10 @@ class Coordinator:
         store = side.store
         names = {agent: side.key(standing_name(agent)) for agent in self.nodes}
         if len(self._seen) < len(self.nodes) or not store.exists_all(list(names.values())):
-            self._seen = {a for a, key in names.items() if store.exists(key)}
+            # One round trip, not one per node: during the start every node's first standing
+            # wakes this, and N nodes asked about one by one each time was O(N²) queries.
+            there = store.exists_each(list(names.values()))
+            self._seen = {a for a, found in zip(names, there, strict=True) if found}
         present = [a for a in self.nodes if a in self._seen]
         values = store.multi_get([names[a] for a in present], present=True) if present else []
         unsure = {a for a in self.nodes if a not in self._seen}
