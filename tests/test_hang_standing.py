@@ -218,6 +218,75 @@ def test_counters_only_wake_the_coordinator(server):
     coordinator.close()
 
 
+def test_ranks_that_end_together_are_posted_in_one_standing(server):
+    """A node's 8 ranks end at once (a teardown): one record with every exit, not 8 posts."""
+    clock = Clock()
+    watch = _watch(server, 1, clock)
+    scope = _scope(server, 1)
+    watch.started([4, 5, 6])
+    watch.exited(4, 0, 1.0, post=False)
+    watch.exited(5, 0, 1.0, post=False)
+    assert (
+        Standing.from_json(
+            KEYS.unseal(server.get(scope.key("standing/1")), scope.key("standing/1"), "standing")
+        ).seq
+        == 1
+    )  # held back
+    watch.exited(6, 0, 1.0)
+    posted = Standing.from_json(
+        KEYS.unseal(server.get(scope.key("standing/1")), scope.key("standing/1"), "standing")
+    )
+    assert (posted.seq, posted.live, [e.rank for e in posted.ended]) == (2, (), [4, 5, 6])
+    watch.flush()  # nothing held back: no post
+    assert server.add(scope.key(WAKE), 0) == 2
+
+
+def test_a_wake_reads_the_standing_of_the_node_it_names_and_the_slow_look_reads_all(server):
+    """A teardown posts 8 standings a node: each wake reads the nodes its keys name, not all N.
+    Garbage over node 2's record is only seen (node 2 unsure) when every record is read."""
+    clock, evil = Clock(), outsider(server)
+    coordinator = _coordinator(server, clock, nodes=(0, 1, 2))
+    side = coordinator.scope
+    nodes = [_watch(server, a, clock) for a in (0, 1, 2)]
+    for a, node in enumerate(nodes):
+        node.started([a])
+    assert coordinator.read_standings(side, clock()).keys() == {0, 1, 2}  # the first: all
+    evil.set(side.key("standing/2"), b"garbage")
+    nodes[1].tick(10.0)  # quiet: wakes node 0, naming node 1
+    seen = coordinator.read_standings(side, clock())
+    assert seen[1].quiet and coordinator.unsure == frozenset()  # node 2's record not read
+    clock.now += 5.0  # SLOW_LOOK: every record, node 2's garbage among them
+    coordinator.read_standings(side, clock())
+    assert coordinator.unsure == frozenset({2}) and seen[2].seq == 1  # what was known stands
+    coordinator.close()
+
+
+@pytest.mark.parametrize("tamper", ["bump", "garble"])
+def test_an_outsiders_wake_keys_delay_a_read_never_lose_it(server, tamper):
+    """A bump with no key (the coordinator waits GAP_WAIT for it, then reads every record) or
+    garbage over a node's wake key (every record read at once): the node's news still comes."""
+    from agent.run.coordinator import GAP_WAIT
+
+    clock, evil = Clock(), outsider(server)
+    coordinator = _coordinator(server, clock)
+    side = coordinator.scope
+    node1 = _watch(server, 1, clock)
+    node1.started([1])
+    coordinator.read_standings(side, clock())
+    if tamper == "bump":
+        evil.add(side.key(WAKE), 1)
+    node1.tick(10.0)  # quiet
+    if tamper == "garble":
+        count = evil.add(side.key(WAKE), 0)
+        evil.set(side.key(f"{WAKE}/{count}"), b"garbage")
+        assert coordinator.read_standings(side, clock())[1].quiet
+    else:
+        assert not coordinator.read_standings(side, clock())[1].quiet  # its key never comes
+        clock.now += GAP_WAIT
+        assert coordinator.read_standings(side, clock())[1].quiet
+    coordinator.close()
+
+
 def test_a_hang_is_called_on_every_running_node_answering_still(server):
     clock = Clock()
     coordinator = _coordinator(server, clock)

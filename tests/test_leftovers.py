@@ -310,3 +310,25 @@ def test_a_node_without_leftovers_costs_little(devices):
     took = time.monotonic() - begin
     assert left == Leftovers("n0", seconds=left.seconds)
     assert took < 0.5, took  # measured ~20 ms here (scripts/bench/leftovers.py); slack for CI
+
+
+def test_nvml_is_looked_for_once_per_process_not_at_every_attempts_end():
+    """Without pynvml, every audit asked the import system again, under its lock: thousands of
+    agents' threads (the scale bench) queued there at the attempt's end."""
+    code = (
+        "import sys\n"
+        "asked = []\n"
+        "class Counting:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'pynvml':\n"
+        "            asked.append(name)\n"
+        "            raise ModuleNotFoundError(name)\n"
+        "sys.meta_path.insert(0, Counting())\n"
+        "from agent.run.leftovers import nvml_holders\n"
+        "print([dict(nvml_holders()) for _ in range(3)], len(asked))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
+    )  # fmt: skip
+    assert (done.returncode, done.stdout) == (0, "[{}, {}, {}] 1\n"), done.stderr

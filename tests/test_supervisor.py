@@ -22,6 +22,7 @@ class FakeStream:
         self.done.set()
         self.tail = [b"last words\n"]
         self.last_output = float("inf")  # never silent: no hang warnings
+        self.last_progress = float("inf")
 
 
 class FakeProc:
@@ -296,3 +297,36 @@ def test_a_hang_warning_comes_when_it_falls_due_not_at_the_next_idle_look():
     assert warned.is_set(), "no --hang-warning within 3 s of a 0.2 s one"
     assert outcome.warnings == ["rank 0 has printed nothing for 0s (--hang-warning)"]
     assert reports == []
+
+
+class RecordingHang:
+    """The supervisor's hang watch, as a fake: what it was told, and when it posted."""
+
+    quiet, timeout = False, 0.0  # no --hang-timeout
+
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []
+
+    def started(self, ranks) -> None:
+        self.calls.append(("started", tuple(ranks)))
+
+    def exited(self, rank, returncode, when, post=True) -> None:
+        self.calls.append(("exited", rank, post))
+
+    def flush(self) -> None:
+        self.calls.append(("flush",))
+
+    def tick(self, quiet_for) -> None:
+        pass
+
+
+def test_a_nodes_ranks_that_end_together_are_told_to_the_hang_watch_as_one_batch():
+    events, reports = queue.SimpleQueue(), []
+    procs = FakeProcesses(events)
+    sup, start = _supervisor(events, procs, reports)
+    sup.hang = RecordingHang()
+    for index in range(3):
+        events.put(RankExited(index, 0, 1.0))
+    sup.run(start)
+    exits = [c for c in sup.hang.calls if c[0] == "exited"]
+    assert exits == [("exited", 0, False), ("exited", 1, False), ("exited", 2, True)]

@@ -3,8 +3,9 @@
 The supervisor tells it when the node's ranks started and when each exits, and, on its ticks,
 how long the live ones have been quiet. It seals a new standing under the attempt's
 `standing/<agent>` when something changed, then bumps `standing-seq` and sets the key named
-after the count — they only wake node 0's coordinator, who reads the sealed records and
-decides. Before node 0 calls a hang it asks every node again through the stacks desk
+after the count to its agent index — they only wake node 0's coordinator and say whose record
+to read (it reads every record now and then whatever they say), who reads the sealed records
+and decides. Before node 0 calls a hang it asks every node again through the stacks desk
 (`RECHECK_DESK`): the node measures its silence at that moment and answers its standing under
 that request's number, which no record written earlier (an outsider's replay) can stand in for.
 Ranks found waiting in a collective near its timeout (agent.hang.collective_watch) are named in
@@ -61,18 +62,29 @@ class HangWatch:
         self._paused_at: float | None = None  # when a rank of this node was last seen paused
         self._overdue: tuple[int, ...] = ()
         self._lock = threading.Lock()  # the supervisor ticks, the desk's thread rechecks
+        self._unposted = False  # a change not posted yet (exited with post=False)
 
     def started(self, ranks: Iterable[int]) -> None:
         with self._lock:
             self._live = sorted(ranks)
             self._post()
 
-    def exited(self, rank: int, returncode: int, when: float) -> None:
+    def exited(self, rank: int, returncode: int, when: float, post: bool = True) -> None:
+        """`post=False`: more exits come at once (a node's ranks end together): posted with
+        the last of them, or at `flush`, one record instead of one per rank."""
         with self._lock:
             if rank in self._live:
                 self._live.remove(rank)
                 self._ended.append(RankEnd(rank, returncode, when))
                 self.quiet = self.quiet and bool(self._live)
+                self._unposted = True
+            if post and self._unposted:
+                self._post()
+
+    def flush(self) -> None:
+        """Post what `exited(post=False)` held back, if anything."""
+        with self._lock:
+            if self._unposted:
                 self._post()
 
     def overdue(self, ranks: tuple[int, ...]) -> None:
@@ -121,10 +133,11 @@ class HangWatch:
         )
 
     def _post(self) -> None:
-        self._seq += 1
+        self._seq, self._unposted = self._seq + 1, False
         try:
             self.scope.put(standing_name(self.agent), self.standing().to_json())
             count = self.scope.store.add(self.scope.key(WAKE), 1)
-            self.scope.store.set_bytes(self.scope.key(wake_name(count)), b"")
+            # names who posted: node 0 reads that standing, not all N (counts never decide)
+            self.scope.store.set_bytes(self.scope.key(wake_name(count)), str(self.agent).encode())
         except Exception as exc:  # a store in trouble is the watchers' to report, not ours
             log.debug("standing: %s", exc)

@@ -17,7 +17,7 @@ import hmac
 import json
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from cryptography.exceptions import InvalidTag
@@ -42,6 +42,11 @@ class JobKeys:
     aead_key: bytes
     client_key: bytes  # authenticates clients of node 0's resident endpoint (agent.control.wire)
     naming_key: bytes  # names only the job's agents can compute (`copy_name`)
+    # the cipher, keyed once: every beat, standing and note is sealed or opened with it
+    aead: AESGCM = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "aead", AESGCM(self.aead_key))
 
     @classmethod
     def derive(cls, secret: bytes, job_id: str, step_id: str) -> JobKeys:
@@ -73,7 +78,7 @@ class JobKeys:
         except (TypeError, ValueError) as exc:
             raise AgentError(f"cannot seal a record that is not plain JSON: {exc}") from None
         nonce = os.urandom(_NONCE)
-        return _VERSION + nonce + AESGCM(self.aead_key).encrypt(nonce, body.encode(), key.encode())
+        return _VERSION + nonce + self.aead.encrypt(nonce, body.encode(), key.encode())
 
     def unseal(self, data: bytes, key: str, what: str) -> dict[str, Any]:
         """The record sealed under `key`; anything else (forged, altered, moved) is refused."""
@@ -82,7 +87,7 @@ class JobKeys:
             raise Refused(f"refusing {what} at {key}: it is not a sealed launch-agent record")
         nonce, sealed = data[1 : 1 + _NONCE], data[1 + _NONCE :]
         try:
-            body = AESGCM(self.aead_key).decrypt(nonce, sealed, key.encode())
+            body = self.aead.decrypt(nonce, sealed, key.encode())
         except InvalidTag:
             raise Refused(
                 f"refusing {what} at {key}: it does not open with this job's key (forged, altered, "

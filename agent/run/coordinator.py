@@ -43,6 +43,8 @@ JUDGE_EVERY = 1.0  # seconds between the coordinator's looks when no node posted
 RETRY = 0.5  # seconds before the next look after a store error
 SLOW_LOOK = 5.0  # seconds between reads of every standing when the wake counter is still
 SLOWER_LOOK = 30.0  # the same without --hang-timeout (only overdue collectives are judged)
+JUDGE_MIN = 0.25  # seconds between the judges' looks at the least, news or not
+GAP_WAIT = 1.0  # seconds a wake key the counter has passed may stay unset before all are read
 
 
 @dataclass
@@ -82,7 +84,8 @@ class Coordinator:
         self.standings: dict[int, Standing] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._wake: int | None = None
+        self._wake: int | None = None  # the wake count read up to
+        self._gap_since: float | None = None  # since when the next wake key is missing
         self._full_at = float("-inf")
         self._seen: set[int] = set()
         # nodes whose standing record was missing or did not open at the last read (an
@@ -90,8 +93,9 @@ class Coordinator:
         self.unsure: frozenset[int] = frozenset()
         self._over = False  # the attempt has a failure: nothing left to judge
         self._judged_at = float("-inf")
+        self._news = False  # standings read since the judges last looked
         self._closers: list[Callable[[], None]] = []
-        self.reads = 0  # times every standing was read (a wake, or the slow look)
+        self.reads = 0  # times standings were read (a wake, the slow look, the first)
 
     @property
     def serving(self) -> bool:
@@ -183,26 +187,37 @@ class Coordinator:
         if self._wake is None:
             return  # the first look: nothing read yet
         wait = JUDGE_EVERY
+        if self._news and not self._over:  # read already, judged JUDGE_MIN after the last
+            wait = min(wait, self._judged_at + JUDGE_MIN - self.clock())
         if self.pace is not None:
             wait = min(wait, self.pace.due - self.clock())
         side.store.wait([side.key(wake_name(self._wake + 1))], max(wait, 0.001))
 
     def _tick(self, side: Scope) -> None:
         """The standings when the counter moved (or every SLOW_LOOK s), the pace judge on its
-        own cadence, the failure key and the judges on news or every JUDGE_EVERY seconds."""
+        own cadence, the failure key and the judges on news (JUDGE_MIN apart at most: each look
+        is O(nodes), and a teardown brings 8 posts a node) or every JUDGE_EVERY seconds."""
         now = self.clock()
         reads = self.reads
         standings = self.read_standings(side, now)
-        fresh = self.reads != reads
-        live = {rank for s in standings.values() for rank in s.live}
+        self._news = self._news or self.reads != reads
+        live: set[int] | None = None
+
+        def running() -> set[int]:
+            nonlocal live
+            if live is None:
+                live = {rank for s in standings.values() for rank in s.live}
+            return live
+
         known = len(standings) == len(self.nodes)
-        if known and fresh:
-            self.metrics.ranks_left(self.attempt, len(live))
         if self.pace is not None:
-            self.pace.tick(now, (lambda rank: rank in live) if known else (lambda rank: True))
-        if self._over or (not fresh and now < self._judged_at + JUDGE_EVERY):
+            self.pace.tick(now, (lambda rank: rank in running()) if known else (lambda rank: True))
+        soon = self._news and now >= self._judged_at + JUDGE_MIN
+        if self._over or not (soon or now >= self._judged_at + JUDGE_EVERY):
             return
-        self._judged_at = now
+        if self._news and known:
+            self.metrics.ranks_left(self.attempt, len(running()))
+        self._judged_at, self._news = now, False
         if side.failure() is not None:
             self._over = True
             return
@@ -225,23 +240,61 @@ class Coordinator:
             log.warning("%s", line)
 
     def read_standings(self, side: Scope, now: float) -> dict[int, Standing]:
-        """Every node's newest standing; read again when woken or every SLOW_LOOK seconds."""
+        """Every node's newest standing. On a wake, only the standings of the nodes the wake
+        keys name (in order, up to the first one not set yet: each node sets its key right
+        after its bump): a teardown's 8 posts per node would otherwise each read all N. Every
+        standing at the first read, every SLOW_LOOK seconds, and when a wake key is garbled or
+        still missing GAP_WAIT after the count passed it (an outsider's bump: a delay)."""
         wake = side.store.add(side.key(WAKE), 0)
-        if wake == self._wake and (self.hang is None or now < self._full_at):
-            return self.standings  # the slow look guards decisions (hangs) against a counter
-        slow = SLOW_LOOK if self.options.hang_timeout > 0 else SLOWER_LOOK
-        self._wake, self._full_at = wake, now + slow  # set back; a warning only waits
+        full = self._wake is None or (self.hang is not None and now >= self._full_at)
+        if not full and wake == self._wake:
+            return self.standings
+        named = None if full else self._named(side, wake, now)
+        if named is None:
+            slow = SLOW_LOOK if self.options.hang_timeout > 0 else SLOWER_LOOK
+            self._wake, self._full_at = wake, now + slow  # set back; a warning only waits
+            self._read(side, self.nodes)
+        elif named:
+            self._read(side, sorted(named))
+        return self.standings
+
+    def _named(self, side: Scope, wake: int, now: float) -> set[int] | None:
+        """The nodes that posted since the last read, as the wake keys after it name them (the
+        count passed to the last key read); None: read every standing instead."""
+        last = self._wake
+        assert last is not None
+        if wake < last or wake - last > len(self.nodes):  # set back, or more than one read
+            return None
+        keys = [side.key(wake_name(count)) for count in range(last + 1, wake + 1)]
+        there = side.store.exists_each(keys)
+        ready = keys[: there.index(False)] if False in there else keys
+        if not ready:  # bumped, its key not set yet: the node sets it next, or an outsider bumped
+            self._gap_since = now if self._gap_since is None else self._gap_since
+            return None if now - self._gap_since >= GAP_WAIT else set()
+        self._gap_since = None
+        nodes, named = set(self.nodes), set()
+        for value in side.store.multi_get(ready, present=True):
+            agent = _agent_named(value)
+            if agent not in nodes:
+                return None  # garbled (or the key of the close): read them all
+            named.add(agent)
+        self._wake = last + len(ready)
+        return named
+
+    def _read(self, side: Scope, agents: Sequence[int]) -> None:
+        """These agents' standings, each kept when newer than the one known."""
         self.reads += 1
         store = side.store
-        names = {agent: side.key(standing_name(agent)) for agent in self.nodes}
-        if len(self._seen) < len(self.nodes) or not store.exists_all(list(names.values())):
+        names = {agent: side.key(standing_name(agent)) for agent in agents}
+        if not self._seen.issuperset(agents) or not store.exists_all(list(names.values())):
             # One round trip, not one per node: during the start every node's first standing
             # wakes this, and N nodes asked about one by one each time was O(N²) queries.
             there = store.exists_each(list(names.values()))
-            self._seen = {a for a, found in zip(names, there, strict=True) if found}
-        present = [a for a in self.nodes if a in self._seen]
+            self._seen -= set(agents)
+            self._seen |= {a for a, found in zip(names, there, strict=True) if found}
+        present = [a for a in agents if a in self._seen]
         values = store.multi_get([names[a] for a in present], present=True) if present else []
-        unsure = {a for a in self.nodes if a not in self._seen}
+        unsure = (set(self.unsure) - set(agents)) | {a for a in agents if a not in self._seen}
         for agent, value in zip(present, values, strict=True):
             try:
                 found = Standing.from_json(side.keys.unseal(value, names[agent], "standing"))
@@ -257,4 +310,11 @@ class Coordinator:
             ):
                 self.standings[agent] = found
         self.unsure = frozenset(unsure)
-        return self.standings
+
+
+def _agent_named(value: bytes) -> int | None:
+    """The node a wake key names (HangWatch sets its agent index); None when it names none."""
+    try:
+        return int(value) if value.isdigit() else None
+    except ValueError:
+        return None

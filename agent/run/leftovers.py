@@ -16,6 +16,7 @@ fine), and `LeftoverAudit` signals and waits, every wait bounded.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import pwd
 import re
@@ -338,14 +339,25 @@ def _command(base: str) -> str:
     return raw.rstrip(b"\0").replace(b"\0", b" ").decode(errors="replace")[:COMMAND_CAP]
 
 
-def nvml_holders() -> Mapping[int, tuple[str, ...]]:
-    """Pids with a compute context on a GPU, where NVML answers; {} otherwise (no pynvml, no
-    driver: skipped silently)."""
+@functools.cache
+def _nvml() -> Any:
+    """pynvml, initialised, once per process; None without it or a driver. Asked at every
+    attempt's end: a failed import is not cached by Python, and each one takes the import
+    lock (an agent's threads, and the scale bench's hundred agents a process, queue on it)."""
     try:
         import pynvml  # optional: launch-agent[nvml]
 
         pynvml.nvmlInit()
     except Exception:
+        return None
+    return pynvml
+
+
+def nvml_holders() -> Mapping[int, tuple[str, ...]]:
+    """Pids with a compute context on a GPU, where NVML answers; {} otherwise (no pynvml, no
+    driver: skipped silently)."""
+    pynvml = _nvml()
+    if pynvml is None:
         return {}
     found: dict[int, tuple[str, ...]] = {}
     try:

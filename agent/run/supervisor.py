@@ -99,7 +99,7 @@ class Supervisor:
                 continue
             if isinstance(event, w.RankExited):
                 alive -= 1
-                self._on_exit(event)
+                self._on_exit(event, more=alive > 0 and self._more_events())
             elif isinstance(event, AbortSeen) and event.stage == self.stage:
                 self._on_abort(event.record)
             elif isinstance(event, StoreLost):
@@ -107,6 +107,8 @@ class Supervisor:
                 self._stop("the job store is gone: node 0's agent died or the network broke")
             elif isinstance(event, Signalled) and event.run in (None, self.stage.run):
                 self._on_signal(event.signum, event.how)
+            if self.hang is not None and not self._more_events():
+                self.hang.flush()  # exits held back for the last of a batch
         self.procs.kill(self._stragglers)
         return self.outcome
 
@@ -131,7 +133,12 @@ class Supervisor:
             self.outcome.warnings += self.bindings.verify(self.workers)
             return None
 
-    def _on_exit(self, event: w.RankExited) -> None:
+    def _more_events(self) -> bool:
+        return bool(self._held) or not self.events.empty()
+
+    def _on_exit(self, event: w.RankExited, more: bool = False) -> None:
+        """`more`: other events wait already (the node's other ranks ending with it): this
+        exit's standing goes out with theirs."""
         worker = self.workers[event.index]
         worker.returncode, worker.end = event.returncode, event.when
         if self._step_signal(event.returncode):
@@ -154,7 +161,7 @@ class Supervisor:
         )
         self.outcome.exits.append(exit)
         if self.hang is not None:
-            self.hang.exited(exit.rank, event.returncode, event.when)
+            self.hang.exited(exit.rank, event.returncode, event.when, post=not more)
         if state == "failed" and self._deadline is None:
             worker.err.done.wait(1.0)  # let the pipe drain so the record has its last words
             record = rank_failure(

@@ -291,9 +291,13 @@ def measure(n: int, work: Path, idle_s: float, log) -> dict[str, Any]:
         out["fanout_s"], saw = _latest([s.get("at", []) for s in seen], at)
         out["agents_saw"] = saw
         released = time.monotonic()
+        cpu_before = [p.cpu() for p in agents]
         for p in agents:
             p.send("release")
         done = [p.expect("done", 300) for p in agents]
+        # CPU from the release (the fake ranks end) to every agent back from the run
+        out["teardown_cpu_s"] = sum(p.cpu() for p in agents) - sum(cpu_before)
+        out["teardown_leader_cpu_s"] = agents[0].cpu() - cpu_before[0]
         results_at = observer.expect("results_at", 60).get("results_at")
         verdict_at = observer.expect("verdict_at", 60).get("verdict_at")
         out["results_s"] = results_at - released if results_at else None
@@ -319,7 +323,8 @@ def measure(n: int, work: Path, idle_s: float, log) -> dict[str, Any]:
             f"scale {n}: abort in the store {out['abort_set_s']}, seen by {saw}/{n} agents "
             f"{out['fanout_s']}; released → every result {out['results_s']} → summary.json "
             f"{out.get('summary_s')}, verdict {out['verdict_s']}; every agent back "
-            f"{out['verdict_all_s']}; codes {codes}"
+            f"{out['verdict_all_s']}; codes {codes}; CPU {out['teardown_cpu_s']:.1f} s (node 0 "
+            f"{out['teardown_leader_cpu_s']:.1f} s)"
         )
         return out
     finally:
