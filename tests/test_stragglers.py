@@ -241,20 +241,22 @@ def test_pace_watch_names_a_slow_node_once_and_its_end(caplog):
     assert episode["until"] >= episode["since"]
 
 
-def test_a_pace_watch_looks_again_soon_after_news_and_later_after_none():
-    """The supervisor wakes at `due`: POST_EVERY after a record went out, QUIET_LOOK after a
-    look that found no new progress line (an idle node's supervisor then sleeps)."""
-    from agent.run.pace import POST_EVERY, QUIET_LOOK
+def test_a_pace_watch_looks_again_soon_while_ranks_step_and_later_once_they_are_quiet():
+    """The supervisor wakes at `due`: POST_EVERY while a record went out in the last
+    QUIET_AFTER seconds, QUIET_LOOK once none did (an idle node's supervisor then sleeps)."""
+    from agent.run.pace import POST_EVERY, QUIET_AFTER, QUIET_LOOK
 
     watches, _, clocks = _pace_pair()
     watch = watches[0]
     nexts = []
-    for now, news in ((10.0, True), (10.25, False), (11.25, True), (11.5, False), (12.5, False)):
+    looks = ((10.0, True), (10.25, False), (10.5, False), (10.0 + QUIET_AFTER, False),
+             (13.0, True), (13.25, False))  # fmt: skip
+    for now, news in looks:
         if news:
             _step(clocks, 0, 0.2, 3 + len(nexts), 0.0)
         watch.tick(now)
         nexts.append(round(watch.due - now, 3))
-    assert nexts == [POST_EVERY, QUIET_LOOK, POST_EVERY, QUIET_LOOK, QUIET_LOOK]
+    assert nexts == [POST_EVERY, POST_EVERY, POST_EVERY, QUIET_LOOK, POST_EVERY, POST_EVERY]
     assert QUIET_LOOK > POST_EVERY
 
 

@@ -41,7 +41,8 @@ from agent.run.stragglers import (
 
 log = logging.getLogger("agent")
 POST_EVERY = 0.25  # seconds between a node's pace records, at least (none without news)
-QUIET_LOOK = 1.0  # seconds to the next look for news after a look found none
+QUIET_AFTER = 2.0  # seconds without news after which a node's ranks count as quiet...
+QUIET_LOOK = 1.0  # ...and its supervisor looks for news this often instead of POST_EVERY
 LOOK_EVERY = 1.0  # seconds between node 0's looks when only stragglers are judged
 
 
@@ -60,6 +61,7 @@ class PaceWatch:
         self.scope, self.clocks, self.agent = scope, clocks, agent
         self.node_rank, self.host = node_rank, host
         self._next = 0.0
+        self._news_at = float("-inf")  # when the last record went out
         self._posted: tuple = ()
         self._seq = 0
 
@@ -72,8 +74,10 @@ class PaceWatch:
             posted = self._post(now)
         except Exception as exc:  # a store in trouble is the watchers' to report, not ours
             log.debug("pace: %s", exc)
-        # News comes in bursts while ranks step: looked for again soon after some, else later.
-        self._next = now + (POST_EVERY if posted else QUIET_LOOK)
+        # Looked for again soon while ranks step; an idle node's supervisor sleeps longer.
+        if posted:
+            self._news_at = now
+        self._next = now + (POST_EVERY if now - self._news_at < QUIET_AFTER else QUIET_LOOK)
 
     @property
     def due(self) -> float:
