@@ -1,6 +1,7 @@
 """Stragglers while an attempt runs: each agent posts its ranks' pace, node 0 compares them.
 
-Every POST_EVERY seconds at most (on the supervisor's tick, while the node has ranks) each agent
+Every POST_EVERY seconds at most (on the supervisor's tick, while the node has ranks; once its
+ranks printed no progress for QUIET_AFTER seconds it looks only every QUIET_LOOK) each agent
 (`PaceWatch`) seals one record into the attempt's scope, `pace/<agent>`: its ranks' median step
 times (from the router's step clocks), only when some rank printed a progress line since the
 last one, with the age of its latest line and a sequence number. Node 0's coordinator
