@@ -9,6 +9,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import psutil
@@ -20,6 +21,7 @@ from agent.run.leftovers import (
     LeftoverAudit,
     Leftovers,
     Proc,
+    envs_needed,
     scan,
     snapshot,
 )
@@ -104,6 +106,56 @@ def test_zombies_kept_pids_the_drivers_daemons_and_idle_processes_are_left_out()
         keep={801},
     )
     assert found == type(found)()
+
+
+# Every shape of the scan's tests in one node, with the kernel threads and services of a real one.
+NODE = (
+    Proc(1, 0, 0, "sleeping", "init"),
+    Proc(2, 0, 0, "sleeping", "kthreadd"),
+    *(Proc(pid, 2, 0, "idle", f"kworker/{pid}") for pid in range(3, 40)),
+    Proc(41, 1, 0, "sleeping", "sshd"),
+    Proc(42, 41, UID, "sleeping", "bash"),
+    Proc(ME, 42, UID, "sleeping", "python -m agent"),
+    Proc(200, ME, UID, "sleeping", "python rank.py", MARK, DEV),
+    Proc(201, 200, UID, "sleeping", "worker", MARK),
+    Proc(400, 1, UID, "sleeping", "escaped", MARK, DEV),  # orphaned to init, with its children
+    Proc(401, 400, UID, "sleeping", "escaped's child", MARK),
+    Proc(402, 401, UID, "sleeping", "its child", MARK, DEV),
+    Proc(403, 400, UID, "sleeping", "unmarked child"),
+    Proc(500, 1, UID, "sleeping", "python -m agent"),  # another agent of the job
+    Proc(501, 500, UID, "sleeping", "python rank.py", MARK, DEV),
+    Proc(502, 501, UID, "sleeping", "worker", MARK),
+    Proc(600, 1, UID, "sleeping", "other job", "7.0", DEV),
+    Proc(601, 42, UID, "sleeping", "marked under the shell", MARK),
+    Proc(700, 1, OTHER, "sleeping", "foreign", MARK, DEV),
+    Proc(802, 1, 0, "sleeping", "nvidia-persistenced", devices=DEV),
+)
+
+
+@pytest.mark.parametrize("reader", ["root", "user"])
+def test_markers_are_read_only_where_the_scan_needs_them_and_it_finds_the_same(reader):
+    """A node shows a thousand processes, most of them kernel threads; root's agent read every
+    env (up to 1 MB each) after every attempt: at 2,048 simulated agents half their teardown."""
+    own = (lambda uid: True) if reader == "root" else (lambda uid: uid == UID)
+    table = {p.pid: p for p in NODE}
+    asked: list[int] = []
+
+    def read(pid: int) -> str | None:
+        asked.append(pid)
+        return table[pid].marker
+
+    bare = [replace(p, marker=None) for p in NODE]
+    markers = envs_needed(bare, ME, own, read)
+    lazy = [replace(p, marker=markers.get(p.pid)) for p in bare]
+    eager = [p if own(p.uid) else replace(p, marker=None) for p in NODE]
+    assert scanned(*lazy) == scanned(*eager)
+    assert [h.pid for h in scanned(*lazy).ours] == [200, 201, 400, 401, 402]
+    assert len(asked) == len(set(asked))  # each env read once
+    # init's children (and their marked subtrees), and device holders outside the descent
+    expected = {400, 401, 402, 403, 500, 501, 600}
+    if reader == "root":
+        expected |= {1, 2, 41, 700, 802}
+    assert set(asked) == expected
 
 
 def test_the_reason_names_a_d_state_holder_first_else_the_user():

@@ -182,7 +182,9 @@ class Run:
                         )
                     else:
                         own = (f"result/{me}", result.to_json())
-                        decision = Decision.from_json(await_verdict(scope, seat.events, own))
+                        decision = Decision.from_json(
+                            await_verdict(scope, seat.events, own, len(roster.nodes))
+                        )
                 finally:
                     if coordinator is not None:
                         coordinator.close()
@@ -322,7 +324,8 @@ class Run:
         if warm is not None and not prepared.plan.options.cold:
             warm.ensure(self.environ)
         # Failures are node 0's to judge; if node 0 itself goes, the store closes under the wait.
-        return Decision.from_json(await_verdict(scope, self.seat.events, None))
+        nodes = len(self.roster.nodes) if self.roster else 1
+        return Decision.from_json(await_verdict(scope, self.seat.events, None, nodes))
 
     def _seat(self, prepared: Prepared, lineup: Lineup, attempt: int) -> None:
         plan = prepared.plan

@@ -211,14 +211,13 @@ def scan(
         mine = proc.uid == uid and (
             proc.pid in descent or (marker is not None and proc.marker == marker and orphaned(proc))
         )
+        if not mine and (not proc.devices or proc.name in SYSTEM_HOLDERS):
+            continue
+        if not mine and marker is not None and proc.marker == marker and proc.uid == uid:
+            continue  # the job's own, under another agent
         holder = Holder(proc.pid, proc.command[:COMMAND_CAP], proc.status, proc.devices,
                         users(proc.uid), mine)  # fmt: skip
-        if mine:
-            ours.append(holder)
-        elif proc.devices and proc.name not in SYSTEM_HOLDERS:
-            if marker is not None and proc.marker == marker and proc.uid == uid:
-                continue  # the job's own, under another agent
-            foreign.append(holder)
+        (ours if mine else foreign).append(holder)
     return Scan(tuple(sorted(ours, key=_pid)), tuple(sorted(foreign, key=_pid)))
 
 
@@ -255,9 +254,10 @@ def snapshot(
 ) -> list[Proc]:
     """Every process /proc shows: its parent, owner, state, and the NVIDIA device files under
     `device_root` it holds (psutil's open_files() lists regular files only, so the fd links
-    are read). `gpu_holders`: pids with a compute context (NVML) → their GPUs. An env is read
-    only for the owners `marker_of` names (another user's cannot be read anyway). A pid that
-    vanishes or cannot be read is skipped, or kept with what could be read."""
+    are read). `gpu_holders`: pids with a compute context (NVML) → their GPUs. A marker and a
+    command line are read only where the scan needs them (`envs_needed`), and an env only for
+    the owners `marker_of` names (another user's cannot be read anyway). A pid that vanishes or
+    cannot be read is skipped, or kept with what could be read."""
     root = os.path.realpath(device_root).rstrip("/") + "/"
     contexts = gpu_holders()
     # no NVIDIA device file on this node: nobody can hold one, and the fd walk (most of the
@@ -280,13 +280,51 @@ def snapshot(
         status = _STATES.get(fields[0].decode(), "?") if fields else "?"
         ppid = int(fields[1]) if len(fields) > 1 else 0
         devices = (_devices(base, root) if with_devices else ()) + contexts.get(pid, ())
-        marker = _marker(base) if marker_of(uid) else None
-        command = _command(base) if devices or marker is not None else ""
-        found.append(Proc(pid, ppid, uid, status, command, marker, devices))
+        found.append(Proc(pid, ppid, uid, status, devices=devices))
     for pid, gpus in contexts.items():  # a context whose pid /proc does not show (another
         if not any(p.pid == pid for p in found):  # pid namespace): held all the same
             found.append(Proc(pid, 0, -1, "?", "", None, gpus))
-    return found
+    markers = envs_needed(found, os.getpid(), marker_of, lambda pid: _marker(f"/proc/{pid}"))
+    named = _descendants({p.pid: p for p in found}, os.getpid())
+    named |= {pid for pid, marker in markers.items() if marker is not None}
+    return [
+        replace(p, command=_command(f"/proc/{p.pid}"), marker=markers.get(p.pid))
+        if p.pid in named or p.devices
+        else p
+        for p in found
+    ]
+
+
+def envs_needed(
+    procs: Sequence[Proc],
+    me: int,
+    marker_of: Callable[[int], bool],
+    read: Callable[[int], str | None],
+) -> dict[int, str | None]:
+    """The markers the scan needs, read through `read` (an env of up to 1 MB each; a node shows
+    a thousand processes, most of them kernel threads, and root's agent may read them all):
+    the top of every chain orphaned to init (a child of pid 1, or pid 1 and kthreadd) and,
+    below a marked one, its children at any depth; and every holder of a device (a marked one
+    is another agent's rank). The agent's own descent is its own without one; any other process
+    is not the job's whatever it carries (`scan`). pid → marker, None where it has none."""
+    children: dict[int, list[Proc]] = {}
+    for proc in procs:
+        children.setdefault(proc.ppid, []).append(proc)
+    descent = _descendants({p.pid: p for p in procs}, me) | {me}
+    read_for: dict[int, str | None] = {}
+    todo = [p for p in procs if p.ppid <= 1]  # down orphaned chains, through marked ones
+    while todo:
+        proc = todo.pop()
+        if proc.pid in read_for or proc.pid in descent or not marker_of(proc.uid):
+            continue
+        read_for[proc.pid] = marker = read(proc.pid)
+        if marker is not None:
+            todo += children.get(proc.pid, ())
+    for proc in procs:
+        fresh = proc.pid not in read_for and proc.pid not in descent
+        if proc.devices and fresh and marker_of(proc.uid):
+            read_for[proc.pid] = read(proc.pid)
+    return read_for
 
 
 def _any_device(root: str) -> bool:

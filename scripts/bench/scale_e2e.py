@@ -298,6 +298,8 @@ def measure(n: int, work: Path, idle_s: float, log) -> dict[str, Any]:
         # CPU from the release (the fake ranks end) to every agent back from the run
         out["teardown_cpu_s"] = sum(p.cpu() for p in agents) - sum(cpu_before)
         out["teardown_leader_cpu_s"] = agents[0].cpu() - cpu_before[0]
+        # CPU seconds by thread kind from the release to every agent back: node 0, one process
+        out["teardown_threads"] = [done[0].get("by_thread"), done[1].get("by_thread")]
         results_at = observer.expect("results_at", 60).get("results_at")
         verdict_at = observer.expect("verdict_at", 60).get("verdict_at")
         out["results_s"] = results_at - released if results_at else None
