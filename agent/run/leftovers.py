@@ -204,7 +204,8 @@ def scan(
             proc = parent
         return proc.pid == 1
 
-    ours, foreign = [], []
+    ours: list[Holder] = []
+    foreign: list[Holder] = []
     for proc in table.values():
         if proc.pid == me or proc.pid in keep or proc.pid in launchers:
             continue
