@@ -29,7 +29,7 @@ from agent.run.bounded_wait import (
     kept,
     node0_over,
     results_with_own,
-    verdict_tick,
+    wait_tick,
 )
 
 KEYS = JobKeys.derive(b"bounded-wait-test", "job", "0")
@@ -264,6 +264,8 @@ def test_a_node_that_found_the_tampering_first_ends_the_others_wait(server) -> N
 @pytest.mark.parametrize(
     ("nodes", "seconds"), [(1, 1.0), (2, 1.0), (512, 1.0), (1024, 2.0), (2048, 4.0), (4096, 8.0)]
 )
-def test_verdict_waits_renew_less_often_in_jobs_too_large_for_node_0s_store(nodes, seconds):
+def test_lineup_and_verdict_waits_renew_less_often_in_jobs_too_large_for_node_0s_store(
+    nodes, seconds
+):
     """Each renewal is a wait and its cancel at node 0's store: N nodes share 512 a second."""
-    assert verdict_tick(nodes) == seconds
+    assert wait_tick(nodes) == seconds

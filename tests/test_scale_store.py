@@ -166,6 +166,8 @@ def test_a_peer_names_only_its_own_counter_and_asks_for_answers_at_its_pace(
         (8 * TICKS_PER_SECOND, 1.0, 6.0, False, (2.0, 1)),  # never < 3 ticks per timeout
         (8 * TICKS_PER_SECOND, 1.0, 30.0, False, (8.0, 1)),
         (4 * TICKS_PER_SECOND, 1.0, 30.0, False, (4.0, 3)),
+        (8 * TICKS_PER_SECOND, 1.0, 30.0, True, (4.0, 3)),  # node 0 reads twice per peer tick
+        (8 * TICKS_PER_SECOND, 1.0, 6.0, True, (1.0, 3)),
     ],
 )
 def test_pace(agents, interval, lost_after, leader, expected) -> None:

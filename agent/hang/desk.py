@@ -33,8 +33,9 @@ ANSWER_SLACK = 2.0  # seconds node 0 waits beyond the capture time itself
 ANSWER_LIMIT = 4 << 20  # bytes of JSON per node's answer (a store value holds 8 MiB sealed)
 RECHECK = 5.0  # seconds an answering thread waits on a request before it looks for a later one
 # ...or longer in a job so large that node 0's store would answer more rechecks a second than
-# this (each a query and a new wait): a deleted request delays its node's answer that long.
-RECHECKS_PER_SECOND = 256
+# this (each a wait, its cancel and a query): a deleted request delays its node's answer that
+# long. A request that is there wakes its wait at once: only an outsider's deletion needs one.
+RECHECKS_PER_SECOND = 64
 
 
 class StackDesk:

@@ -36,8 +36,9 @@ from agent.run.lineup import REPORT_SLACK, check_wait
 
 log = logging.getLogger("agent")
 TICK = 1.0  # seconds: a wait answers to node 0's loss and failures this often; first check
-# ...or less often in a job so large that its nodes' waits for the verdict, each renewed every
-# tick (a query to node 0's store and its cancel), would ask more than this many a second.
+# ...or less often in a job so large that its nodes' waits (for the lineup, for the verdict),
+# each renewed every tick, would ask node 0's store more than this many a second: a renewal is
+# a wait and its cancel, and torch's store server walks every waiting client at each cancel.
 WAITS_PER_SECOND = 512
 CHECK_MAX = 30.0  # seconds between looks at the evidence, at most (doubling from TICK)
 LINEUP_MARGIN = 30.0  # seconds past the round's own bound (node 0's replan, a fresh store)
@@ -192,16 +193,18 @@ def await_verdict(
 ) -> dict[str, Any]:
     """A node (`own_result`: the name and record of the result it wrote) or a spare (None) of
     a job of `nodes` waits for node 0's verdict on the attempt; a failure elsewhere is node
-    0's to judge. `tick`: verdict_tick(nodes) when not given."""
+    0's to judge. `tick`: wait_tick(nodes) when not given."""
     over = verdict_over(scope, own_result)
-    tick = verdict_tick(nodes) if tick is None else tick
+    tick = wait_tick(nodes) if tick is None else tick
     return await_sealed(scope, "verdict", "verdict", events, lambda scope: None, over, tick=tick)
 
 
-def verdict_tick(nodes: int) -> float:
-    """Seconds between a verdict wait's renewals: TICK, or longer where `nodes` waits renewed
-    that often would ask node 0's store more than WAITS_PER_SECOND (at 2,048 simulated agents
-    on 2 cores, the waits of the nodes done first slowed node 0's read of the results). Node
-    0's loss is then noticed up to that long after its heartbeat timeout; a closed store
-    connection ends the wait at once."""
+def wait_tick(nodes: int) -> float:
+    """Seconds between the renewals of a wait that every node of a job of `nodes` makes at
+    once (the lineup, the verdict): TICK, or longer where `nodes` waits renewed that often
+    would ask node 0's store more than WAITS_PER_SECOND (at 2,048 simulated agents on 2 cores,
+    the waits of the nodes done first slowed node 0's read of the results). Node 0's loss is
+    then noticed up to that long after its heartbeat timeout; a closed store connection ends
+    the wait at once, and the record it waits for wakes it at once.
+    """
     return max(TICK, nodes / WAITS_PER_SECOND)

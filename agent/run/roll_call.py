@@ -14,7 +14,7 @@ from agent.node.scope import Scope
 from agent.node.seat import RunSeat
 from agent.plan.roster import Roster, Shortfall, excluded_hosts, foreign_excludes, seated
 from agent.plan.run_plan import node_layout
-from agent.run.bounded_wait import await_sealed, kept, lineup_limit, node0_over
+from agent.run.bounded_wait import await_sealed, kept, lineup_limit, node0_over, wait_tick
 from agent.run.gpu_faults import gpu_faults
 from agent.run.health import Health, HealthCheck, examine
 from agent.run.leftovers import LeftoverAudit, Leftovers, node_audit
@@ -72,7 +72,10 @@ class RollCall:
             if health is not None
             else lambda: None,
         )
-        record = await_sealed(scope, "lineup", "lineup", seat.events, round_failure, over, limit)
+        record = await_sealed(
+            scope, "lineup", "lineup", seat.events, round_failure, over, limit,
+            tick=wait_tick(len(self.roster.members())),
+        )  # fmt: skip
         return Lineup.from_json(record)
 
     def examine(self) -> Health | None:

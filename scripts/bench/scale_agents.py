@@ -337,6 +337,32 @@ class Slot:
 TOPOLOGY: Any = None
 BY_THREAD: dict[int, Slot] = {}  # agent thread → its slot
 PROFILE_DIR = os.environ.get("LA_SCALE_PROFILE")
+# LA_SCALE_OPS=1: count the store queries each kind of thread sends (node 0's process and one
+# process of others), from the driver's idle window to the abort: who keeps node 0's store busy
+OPS: collections.Counter[tuple[str, str]] | None = (
+    collections.Counter() if os.environ.get("LA_SCALE_OPS") else None
+)
+OP_NAMES = {1: "set", 3: "get", 4: "add", 5: "check", 6: "wait", 10: "multi_get", 12: "cancel"}
+
+
+def _count_ops() -> None:
+    from agent.node.store_client import StoreClient
+
+    send = StoreClient._send
+
+    def counting(self: StoreClient, data: bytes) -> None:
+        assert OPS is not None
+        kind = "".join(
+            ch for ch in threading.current_thread().name.split(" (")[0] if not ch.isdigit()
+        )
+        OPS[(kind.rstrip("-"), OP_NAMES.get(data[0], str(data[0])))] += 1
+        send(self, data)
+
+    StoreClient._send = counting  # type: ignore[method-assign]
+
+
+if OPS is not None:
+    _count_ops()
 PROFILES: list[Any] = []
 
 
@@ -445,6 +471,7 @@ def main(argv: list[str]) -> int:
     TOPOLOGY = read_topology(Path("/"))
     hosts = tuple(f"node{i:04d}" for i in range(n))
     go = threading.Event()
+    ops_since = time.monotonic()
     if role == "leader":
         script, config = argv[4], argv[5]
         slot = Slot(world_of(n, 0, port, hosts))
@@ -499,11 +526,18 @@ def main(argv: list[str]) -> int:
                 if role == "leader" or lo == 1
                 else {},
             )
+        elif words[0] == "count" and OPS is not None:  # the driver's idle window begins
+            OPS.clear()
+            ops_since = time.monotonic()
         elif words[0] == "abort":
             target = by_index.get(int(words[1]))
             failed_at = target.node.fail() if target is not None else None
             ok = MARKS.wait_until(lambda: settled("seen_at"), WAIT)
-            emit(seen=ok, failed_at=failed_at, at=[s.node.seen_at for s in slots])
+            ops = {}
+            if OPS is not None and (role == "leader" or lo == 1):
+                span = time.monotonic() - ops_since
+                ops = {f"{k} {o}": round(n / span, 1) for (k, o), n in OPS.most_common(12)}
+            emit(seen=ok, failed_at=failed_at, at=[s.node.seen_at for s in slots], ops=ops)
         elif words[0] == "release":
             threads_at_release, cpu_at_release = thread_cpu(), time.process_time()
             RELEASED.set()

@@ -240,6 +240,8 @@ def measure(n: int, work: Path, idle_s: float, log) -> dict[str, Any]:
         sample_before = _thread_cpu(sample.ps)
         before = [p.cpu() for p in procs]
         t0 = time.monotonic()
+        for p in procs:
+            p.send("count")  # LA_SCALE_OPS: store queries counted from here
         time.sleep(idle_s)
         span = time.monotonic() - t0
         after = [p.cpu() for p in procs]
@@ -281,6 +283,10 @@ def measure(n: int, work: Path, idle_s: float, log) -> dict[str, Any]:
         cpu_before = [p.cpu() for p in agents]
         seen = [p.expect("seen", 120) for p in agents]
         out["abort_cpu_s"] = sum(p.cpu() for p in agents) - sum(cpu_before)
+        if seen[0].get("ops"):  # LA_SCALE_OPS: queries a second before the abort, by thread kind
+            out["idle_ops_per_s"] = [seen[0]["ops"], seen[1]["ops"]]
+            log(f"scale {n}: store queries a second, node 0 {seen[0]['ops']}; one process of "
+                f"others {seen[1]['ops']}")  # fmt: skip
         failed = [s["failed_at"] for s in seen if s.get("failed_at") is not None]
         if not failed:
             out["error"] = "the failing rank's process did not answer"
