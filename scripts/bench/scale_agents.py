@@ -201,6 +201,9 @@ class FakeNode:
             self.events, self.workers, self.exited = events, workers, set()
             self.spawned_at = time.monotonic()
             self.cpu_at_spawn = time.thread_time()
+        slot = BY_THREAD.get(threading.get_ident())
+        if slot is not None and slot.profile is not None:
+            slot.profile.disable()  # LA_SCALE_PROFILE covers the start only: release → spawned
         MARKS.note()
         return workers
 
@@ -276,6 +279,7 @@ class Slot:
         self.seat: JoinedNode | None = None  # once joined
         self.session: Session | None = None
         self.node = FakeNode()
+        self.profile: Any = None  # LA_SCALE_PROFILE: this agent's cProfile, until its ranks start
         self.joined: float | None = None
         self.received: float | None = None  # the plan received, opened, parsed, checked
         self.planned: float | None = None  # and the log dir and resolved config written
@@ -305,7 +309,7 @@ class Slot:
             if PROFILE_DIR:  # LA_SCALE_PROFILE=DIR: each agent's main thread, cProfile
                 import cProfile
 
-                profile = cProfile.Profile()
+                profile = self.profile = cProfile.Profile()
                 profile.enable()
             BY_THREAD[threading.get_ident()] = self
             self.cpu["start"] = time.thread_time()
