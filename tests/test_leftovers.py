@@ -21,7 +21,7 @@ from agent.run.leftovers import (
     LeftoverAudit,
     Leftovers,
     Proc,
-    envs_needed,
+    markers_needed,
     scan,
     snapshot,
 )
@@ -145,7 +145,7 @@ def test_markers_are_read_only_where_the_scan_needs_them_and_it_finds_the_same(r
         return table[pid].marker
 
     bare = [replace(p, marker=None) for p in NODE]
-    markers = envs_needed(bare, ME, own, read)
+    markers = markers_needed(bare, ME, own, read)
     lazy = [replace(p, marker=markers.get(p.pid)) for p in bare]
     eager = [p if own(p.uid) else replace(p, marker=None) for p in NODE]
     assert scanned(*lazy) == scanned(*eager)

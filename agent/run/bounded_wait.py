@@ -189,7 +189,7 @@ def results_with_own(
         keys = [scope.key(f"result/{i}") for i in pending]
         if store.wait(keys, pause):
             break
-        there = [i for i, found in zip(pending, store.exists_each(keys), strict=True) if found]
+        there = [i for i, here in zip(pending, store.exists_each(keys), strict=True) if here]
         values = store.multi_get([scope.key(f"result/{i}") for i in there], True) if there else []
         for i, value in zip(there, values, strict=True):
             with contextlib.suppress(Refused):  # an outsider's: the last read waits past it

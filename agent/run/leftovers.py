@@ -256,7 +256,7 @@ def snapshot(
     """Every process /proc shows: its parent, owner, state, and the NVIDIA device files under
     `device_root` it holds (psutil's open_files() lists regular files only, so the fd links
     are read). `gpu_holders`: pids with a compute context (NVML) → their GPUs. A marker and a
-    command line are read only where the scan needs them (`envs_needed`), and an env only for
+    command line are read only where the scan needs them (`markers_needed`), and an env only for
     the owners `marker_of` names (another user's cannot be read anyway). A pid that vanishes or
     cannot be read is skipped, or kept with what could be read."""
     root = os.path.realpath(device_root).rstrip("/") + "/"
@@ -285,7 +285,7 @@ def snapshot(
     for pid, gpus in contexts.items():  # a context whose pid /proc does not show (another
         if not any(p.pid == pid for p in found):  # pid namespace): held all the same
             found.append(Proc(pid, 0, -1, "?", "", None, gpus))
-    markers = envs_needed(found, os.getpid(), marker_of, lambda pid: _marker(f"/proc/{pid}"))
+    markers = markers_needed(found, os.getpid(), marker_of, lambda pid: _marker(f"/proc/{pid}"))
     named = _descendants({p.pid: p for p in found}, os.getpid())
     named |= {pid for pid, marker in markers.items() if marker is not None}
     return [
@@ -296,7 +296,7 @@ def snapshot(
     ]
 
 
-def envs_needed(
+def markers_needed(
     procs: Sequence[Proc],
     me: int,
     marker_of: Callable[[int], bool],
