@@ -28,7 +28,10 @@ def test_top_shows_every_rank_of_every_node_then_ends_with_the_job(cluster_facto
     seen.mkdir()
     args = ["--nproc-per-node", "2", RANK, "--env-out", str(seen), "--until-file", str(flag)]
     cluster = cluster_factory(2).start(args)
-    wait_for(lambda: len(list(seen.glob("env-*.json"))) == 4, 90, "every rank to start")
+    files = [seen / f"env-{r}.json" for r in range(4)]
+    # a file exists before its rank has written it: wait for each to be whole
+    written = lambda: all(f.exists() and f.read_text().strip().endswith("}") for f in files)  # noqa: E731
+    wait_for(written, 90, "every rank to start")
     pids = {r: json.loads((seen / f"env-{r}.json").read_text())["pid"] for r in range(4)}
 
     start = time.monotonic()
