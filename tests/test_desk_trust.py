@@ -87,3 +87,27 @@ def test_answering_threads_recheck_less_often_in_jobs_too_large_for_node_0s_stor
     from agent.hang.desk import recheck_pace
 
     assert recheck_pace(nodes) == seconds
+
+
+@pytest.mark.parametrize(
+    ("node_1_answers", "silent"),
+    [(False, [(-2, "node 1's answer did not open (altered in the store)")]), (True, [])],
+)
+def test_garbage_at_a_nodes_answer_key_never_holds_node_0(server, node_1_answers, silent):
+    """A hang's stacks are asked once: garbage at a node's answer key must not keep node 0
+    waiting past its bound, or the hung job never ends (the soak's hang seed 10: node 0 waited
+    on one for ever). Garbage there before the node's answer is waited past until the answer
+    comes; a node whose key holds only garbage is named, and the ask returns."""
+    import threading
+
+    node0, node1 = desk(server, 0), desk(server, 1, start=False)
+    outsider(server).set(node0.scope.key(node0.answer_name(1, 1)), b"garbage")
+    if node_1_answers:
+        node1.start()
+    got: list = []
+    asking = threading.Thread(target=lambda: got.append(node0.ask(timeout=0.5)), daemon=True)
+    asking.start()
+    asking.join(60)  # a hang-catcher: the bound is 0.5 + ANSWER_SLACK s, twice over at most
+    assert got, "node 0 still waits on a garbled answer"
+    assert [(s.rank, s.error) for s in got[0] if s.rank < 0] == silent
+    node0.end()

@@ -19,6 +19,7 @@ import contextlib
 import json
 import logging
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
@@ -151,17 +152,24 @@ class StackDesk:
             s = self._asking
             number = self._publish(s, {"native": native, "timeout": timeout})
             keys = [s.key("stacks", number, i) for i in self.nodes]
+            deadline = time.monotonic() + timeout + ANSWER_SLACK
             every = s.store.wait(keys, timeout + ANSWER_SLACK)
             found: list[RankStack] = []
             names = [f"stacks/{number}/{i}" for i in self.nodes]
-            answers: list[dict[str, Any] | None]
-            if every:  # one round trip for every answer
-                answers = list(s.get_all(names, "stacks answer"))
-            else:  # someone is silent: name it
+            answers: list[dict[str, Any] | None] | None = None
+            if every:  # one round trip for every answer; one that does not open (an
+                # outsider's garbage, there before the node's answer or over it) is waited past
+                # until the deadline, never longer: its node answers once, and a hang found
+                # must end the job (the soak's hang seed 10 waited on one for ever)
+                left = max(deadline - time.monotonic(), 0.001)
+                with contextlib.suppress(Tampered):
+                    answers = list(s.get_all(names, "stacks answer", left))
+            if answers is None:  # someone is silent, or garbled: name it
                 answers = [s.get_if(name, "stacks answer") for name in names]
             for i, answer in zip(self.nodes, answers, strict=True):
                 if answer is None:
-                    found.append(_silent(i, timeout + ANSWER_SLACK))
+                    altered = s.store.exists(s.key(f"stacks/{number}/{i}"))
+                    found.append(_silent(i, timeout + ANSWER_SLACK, altered))
                     continue
                 found += [RankStack.from_json(item) for item in _items(answer.get("stacks"))]
             return sorted(found, key=lambda stack: stack.rank)
@@ -225,15 +233,16 @@ def _items(value: object) -> Sequence[object]:
     return value[:4096] if isinstance(value, list) else []
 
 
-def _silent(node: int, waited: float) -> RankStack:
-    return RankStack(
-        rank=-1 - node,
-        host=f"node {node}",
-        pid=0,
-        method="none",
-        threads=(),
-        error=f"node {node}'s agent did not answer within {waited:g} s",
+def _silent(node: int, waited: float, altered: bool = False) -> RankStack:
+    why = (
+        "answer did not open (altered in the store)"
+        if altered
+        else f"agent did not answer within {waited:g} s"
     )
+    return RankStack(
+        rank=-1 - node, host=f"node {node}", pid=0, method="none", threads=(),
+        error=f"node {node}'s {why}",
+    )  # fmt: skip
 
 
 def recheck_pace(nodes: int) -> float:
