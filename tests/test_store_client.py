@@ -366,3 +366,24 @@ def test_a_store_that_refuses_a_new_connection_briefly_is_not_lost() -> None:
         assert ours.get("k") == b"after"
     finally:
         restart.join()
+
+
+def test_a_one_agent_store_hosts_its_ranks_store_once_asked() -> None:
+    """A one-agent job's ranks meet at rank 0's store (the agent has no torch) until its agent
+    is asked to host it (a resident agent, once warm): then every rank is a client of the
+    agent's server, which is there before any rank asks (no connect back-off)."""
+    from agent.node.store import Endpoint, Store
+
+    store = Store.host(Endpoint("127.0.0.1", 0), "ns", "here", alone=True)
+    first = store.serve_workers()
+    assert not first.agent_store and first.port > 0
+    store.host_ranks_store()
+    hosted = store.serve_workers()
+    assert hosted.agent_store
+    rank = TCPStore("127.0.0.1", hosted.port, is_master=False, timeout=timedelta(seconds=10))
+    rank.set("k", "v")
+    assert rank.get("k") == b"v"
+    again = store.serve_workers()  # the next attempt: a fresh store, the last one closed
+    fresh = TCPStore("127.0.0.1", again.port, is_master=False, timeout=timedelta(seconds=10))
+    assert again.agent_store and fresh.check(["k"]) is False
+    store.close_workers()

@@ -21,6 +21,11 @@ from agent.world import World
 
 
 class ControlSeat(RunSeat, Protocol):
+    def host_ranks_store(self) -> None:
+        """A one-agent job: its agent hosts its ranks' store from the next attempt on (it
+        imports torch; agent.node.store.Store.host_ranks_store)."""
+        ...
+
     @property
     def client_key(self) -> bytes:
         """What clients and agents prove the job's secret with (agent.control.wire)."""

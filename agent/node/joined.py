@@ -22,6 +22,7 @@ from agent.errors import AgentError
 from agent.node.events import StoreLost
 from agent.node.failure import Failure, Kind
 from agent.node.membership import Membership
+from agent.node.ranks_store import RanksStore
 from agent.node.reporter import Reporter
 from agent.node.scope import Scope
 from agent.node.signals import Signals
@@ -140,8 +141,11 @@ class JoinedNode:
     def hosts(self) -> list[str]:
         return self.membership.hosts()
 
-    def serve_workers(self) -> int:
+    def serve_workers(self) -> RanksStore:
         return self.store.serve_workers()
+
+    def host_ranks_store(self) -> None:
+        self.store.host_ranks_store()
 
     def close_workers(self) -> None:
         self.store.close_workers()

@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from agent.node.failure import Failure
+from agent.node.ranks_store import RanksStore
 from agent.node.scope import Scope
 from agent.node.signals import Signals
 from agent.world import World
@@ -64,8 +65,8 @@ class RunSeat(Protocol):
         """Every agent's host, by agent index (as each claimed it)."""
         ...
 
-    def serve_workers(self) -> int:
-        """Node 0: a fresh store for one attempt's ranks; its port."""
+    def serve_workers(self) -> RanksStore:
+        """Node 0: a fresh store for one attempt's ranks: where they meet, and who hosts it."""
         ...
 
     def close_workers(self) -> None:

@@ -23,6 +23,7 @@ from typing import Any
 from agent.errors import AgentError, ExitCode
 from agent.node.hosting import is_ip, probe_port, raise_fd_limit
 from agent.node.local_store import LocalStore
+from agent.node.ranks_store import RanksStore
 from agent.node.store_client import ProtocolMismatch, StoreClient
 
 _LONG = timedelta(days=7)
@@ -58,6 +59,7 @@ class Store:
         self.ns = namespace
         self._server = server  # keeps node 0's server alive as long as this object lives
         self._workers: Any = None  # node 0: the ranks' store of the running attempt
+        self._hosts_ranks = False  # a one-agent job: host its ranks' store (host_ranks_store)
         self.local_addr: str | None = None  # node 0: where its own server is reached
 
     # -- opening --------------------------------------------------------------------------
@@ -145,19 +147,32 @@ class Store:
         store.local_addr = self.local_addr
         return store
 
-    def serve_workers(self) -> int:
+    def serve_workers(self) -> RanksStore:
         """Node 0: a fresh store for the ranks of one attempt (torch's agent-store protocol);
         the previous attempt's is closed (its ranks are gone). `close_workers` ends the last.
 
-        A one-agent job only picks a free port: its rank 0 hosts the store (plan.rank_env).
+        A one-agent job only picks a free port, where its rank 0 hosts the store (plan.rank_env),
+        until `host_ranks_store` has been called (a resident agent, once its warm interpreter
+        is ready): then the agent hosts it too, on that port if one was given.
         """
-        if isinstance(self._client, LocalStore):
-            return self.endpoint.port or probe_port(0)
+        alone = isinstance(self._client, LocalStore)
+        if alone and not self._hosts_ranks:
+            return RanksStore(self.endpoint.port or probe_port(0), agent_store=False)
         self.close_workers()
         tcp_store = _torch_store()
-        server = tcp_store("0.0.0.0", 0, is_master=True, wait_for_workers=False, timeout=_LONG)
+        port = self.endpoint.port if alone else 0
+        server = tcp_store("0.0.0.0", port, is_master=True, wait_for_workers=False, timeout=_LONG)
         self._workers = server
-        return server.port
+        return RanksStore(server.port, agent_store=True)
+
+    def host_ranks_store(self) -> None:
+        """A one-agent job's agent hosts its ranks' store from the next attempt on (imports
+        torch: seconds of CPU, so a resident agent does it once, off the run's path). With rank
+        0 hosting it, a rank that reached init_process_group first waited out torch's connect
+        back-off: 0.4-0.7 s of a warm 1 x 2 run's 0.8 s, one run in two (BENCHMARKS.md)."""
+        if isinstance(self._client, LocalStore):
+            _torch_store()
+            self._hosts_ranks = True
 
     def close(self) -> None:
         """This client's connection, now (torch's own closes when it is collected)."""

@@ -54,7 +54,7 @@ class Launch:
     deepspeed: bool = False
     rank_prefix: str | None = None
     prefix_ranks: RankSet | None = None  # None: every rank
-    agent_store: bool = True  # False for a one-agent job: its rank 0 hosts the store
+    agent_store: bool = True  # False where rank 0 hosts the store (a one-shot one-agent job)
     pdb_timeout: float | None = None  # --pdb: seconds a failed rank stays paused (None: off)
     flight_recorder: bool = True  # torch's recorder on in every rank (--no-flight-recorder)
 
@@ -109,7 +109,8 @@ def rank_env(
         "MASTER_ADDR": launch.master_addr,
         "MASTER_PORT": str(launch.master_port),
         # Ranks join the agent's store instead of rank 0 binding MASTER_PORT (torch honours this);
-        # a one-agent job hosts no TCPStore (it would cost the agent a torch import): rank 0 does.
+        # a one-shot one-agent job hosts no TCPStore (it would cost the agent a torch import):
+        # rank 0 does. A resident one hosts it once its torch is in (agent.node.ranks_store).
         "TORCHELASTIC_USE_AGENT_STORE": str(launch.agent_store),
         "TORCHELASTIC_RESTART_COUNT": str(launch.attempt),
         "TORCHELASTIC_MAX_RESTARTS": str(launch.max_restarts),

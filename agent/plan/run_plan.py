@@ -160,17 +160,20 @@ def seat_specs(
     port: int,
     config_file: str,
     environ: Mapping[str, str],
+    agent_store: bool | None = None,
 ) -> tuple[RankSpec, ...]:
     """The ranks this agent (`world.agent_index`) starts in one attempt, seated where the
     roster puts it; none for a spare or an excluded agent. The agents and `--dry-run` both
-    print/spawn exactly this."""
+    print/spawn exactly this. `agent_store`: whether the ranks join the agent's store at
+    `port` (rank_specs)."""
     if roster.role(world.agent_index) != "node":
         return ()
     here = seated(world, roster)
     lay = node_layout(plan, here, topology)
     return rank_specs(
-        plan, here, lay, attempt=attempt, port=port, config_file=config_file, environ=environ
-    )
+        plan, here, lay, attempt=attempt, port=port, config_file=config_file, environ=environ,
+        agent_store=agent_store,
+    )  # fmt: skip
 
 
 def rank_specs(
@@ -182,8 +185,11 @@ def rank_specs(
     port: int,
     config_file: str,
     environ: Mapping[str, str],
+    agent_store: bool | None = None,
 ) -> tuple[RankSpec, ...]:
-    """Every rank this node runs in one attempt: argv, env, placement, log files."""
+    """Every rank this node runs in one attempt: argv, env, placement, log files.
+    `agent_store`: the ranks join the agent's store at `port` (None: where several agents
+    share one, as a one-agent job's rank 0 hosts its own unless its agent says otherwise)."""
     o = plan.options
     command, script_at = script_command(
         plan.script, plan.script_args, plan.payload.argv, module=o.module, no_python=o.no_python
@@ -205,7 +211,7 @@ def rank_specs(
         deepspeed=o.deepspeed,
         rank_prefix=o.rank_prefix,
         prefix_ranks=parse_rank_set(o.rank_prefix_ranks, "--rank-prefix-ranks"),
-        agent_store=world.agents > 1,
+        agent_store=world.agents > 1 if agent_store is None else agent_store,
         pdb_timeout=o.debug_timeout if o.pdb else None,
         flight_recorder=o.flight_recorder,
     )

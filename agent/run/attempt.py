@@ -20,6 +20,7 @@ from agent.hang.recorder import forget
 from agent.hang.watch import RECHECK_DESK, HangWatch
 from agent.metrics.recorder import RunMetrics
 from agent.node.events import AbortSeen, StoreLost
+from agent.node.ranks_store import RanksStore
 from agent.node.scope import Scope
 from agent.node.seat import RunSeat
 from agent.node.stage import Stage
@@ -60,7 +61,7 @@ class NodeAttempt:
         self.prepared, self.scope, self.environ = prepared, scope, environ
         self.metrics, self.coordinator = metrics, coordinator
 
-    def run(self, port: int, roster: Roster) -> Outcome:
+    def run(self, ranks_store: RanksStore, roster: Roster) -> Outcome:
         """Start this node's ranks, supervise them until the attempt ends anywhere, clean up."""
         seat, tools, scope, stage = self.seat, self.tools, self.scope, self.stage
         attempt = self.number
@@ -71,7 +72,8 @@ class NodeAttempt:
             roster,
             self.prepared.topology,
             attempt=attempt,
-            port=port,
+            port=ranks_store.port,
+            agent_store=ranks_store.agent_store,
             config_file=self.prepared.config_file,
             environ=self.environ,
         )

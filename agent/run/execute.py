@@ -168,7 +168,7 @@ class Run:
                         self.metrics,
                         coordinator,
                     )
-                    outcome = self.attempt.run(lineup.port, roster)
+                    outcome = self.attempt.run(lineup.ranks_store, roster)
                     left = outcome.leftovers
                     self.held = left if left is not None and left.unusable else None
                     if outcome.store_lost:

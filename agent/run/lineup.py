@@ -17,6 +17,7 @@ from typing import Any
 from agent.errors import AgentError, ExitCode
 from agent.node.events import StoreLost, drained
 from agent.node.failure import Failure, Kind
+from agent.node.ranks_store import RanksStore
 from agent.node.scope import Scope
 from agent.node.sealed import Tampered
 from agent.plan.roster import Exclusion, Roster
@@ -54,6 +55,11 @@ class Lineup:
     roster: Roster
     plan: RunPlan | None = None  # node 0 planned again: the world changed shape
     end: LineupEnd | None = None  # the job cannot go on
+    agent_store: bool = True  # the ranks join node 0's store at `port` (RanksStore)
+
+    @property
+    def ranks_store(self) -> RanksStore:
+        return RanksStore(self.port, self.agent_store)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -61,6 +67,7 @@ class Lineup:
             "roster": self.roster.to_json(),
             "plan": self.plan.to_json() if self.plan else None,
             "end": self.end.to_json() if self.end else None,
+            "agent_store": self.agent_store,
         }
 
     @classmethod
@@ -71,6 +78,7 @@ class Lineup:
             Roster.from_json(data["roster"]),
             RunPlan.from_json(plan) if plan else None,
             LineupEnd.from_json(data.get("end")),
+            data.get("agent_store") is not False,
         )
 
 

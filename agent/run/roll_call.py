@@ -149,7 +149,8 @@ class RollCall:
                 )
                 end = LineupEnd(int(exc.code), _cause(why, roster, 0, hosts))
                 return Lineup(0, new, end=end)
-        return Lineup(seat.serve_workers(), new, replanned)
+        ranks = seat.serve_workers()
+        return Lineup(ranks.port, new, replanned, agent_store=ranks.agent_store)
 
 
 def _ranks_of(roster: Roster) -> dict[int, int | None]:

@@ -127,10 +127,15 @@ def _announce_warm(seat: ControlSeat, warm: WarmSource) -> None:
 
     def run() -> None:
         told: dict[str, Any] | None = None
+        # one node whose ranks preload torch: its agent hosts their store (_host_ranks_store)
+        hosting = seat.world.agents == 1 and any(m.split(".")[0] == "torch" for m in warm.preload)
         while not seat.stop.is_set():
             zygote = warm.zygote
             if zygote is not None:
                 zygote.wait_ready(600.0)
+            if hosting and warm.status()["warm"]:  # after the interpreter's torch, before "warm"
+                _host_ranks_store(seat)
+                hosting = False
             now = warm.status()
             if now != told:
                 try:
@@ -141,6 +146,21 @@ def _announce_warm(seat: ControlSeat, warm: WarmSource) -> None:
             seat.stop.wait(_WARM_LOOK)  # a look at local state; published only when it changed
 
     threading.Thread(target=run, name="warm-announce", daemon=True).start()
+
+
+def _host_ranks_store(seat: ControlSeat) -> None:
+    """A one-node job's ranks meet at its resident agent's store, not rank 0's: a rank that
+    reached init_process_group before rank 0 listened waited out torch's connect back-off (one
+    warm 1 x 2 run in two: 0.4-0.7 s of its 0.8 s). The agent's torch import (seconds of CPU)
+    comes after the warm interpreter's and before the node is called warm, off every run's
+    path; until then, without a usable torch, or when the ranks do not preload torch (a cold
+    serve, `--preload` without it), rank 0 hosts it, as in a one-shot job."""
+    try:
+        seat.host_ranks_store()
+    except Exception as exc:
+        log.info("the ranks' store stays with rank 0: %s", exc)
+        return
+    log.info("the ranks of the next runs meet at this agent's store")
 
 
 def _warm_reader(seat: ControlSeat) -> Any:
