@@ -247,11 +247,14 @@ class Run:
                 spent,
                 _budget(options).of(kind),
             )
+            summary = None
         else:
             stop = self._preemption(prepared, verdict.record["ranks"], step)
-            self._summarise(prepared, history, verdict.code, stop)
+            summary = self._summarise(prepared, history, verdict.code, stop)
         scope.put_again("verdict", decision.to_json(), 1)  # and a first copy the nodes block on
         scope.close()  # wakes every abort watcher of this attempt
+        if summary is not None:  # bookkeeping no node waits for
+            outputs.record_history(prepared.plan.log_dir, summary)
         return decision
 
     def _judge(
@@ -350,7 +353,8 @@ class Run:
                     **_seated_record(self.seatings, attempt),
                 }
             )
-            self._summarise(prepared, history, code, self._preemption(prepared, [], None))
+            summary = self._summarise(prepared, history, code, self._preemption(prepared, [], None))
+            outputs.record_history(prepared.plan.log_dir, summary)
         self.seat.enter(None)
         return code
 
@@ -360,7 +364,8 @@ class Run:
         history: list[dict[str, Any]],
         code: int,
         stop: Preemption | None = None,
-    ) -> None:
+    ) -> dict[str, Any]:
+        """summary.json written and reported; the summary, for the history (record_history)."""
         plan = prepared.plan
         job = job_record(self.seat.world, plan)
         excluded = self.roster.excluded if self.roster else ()
@@ -375,6 +380,7 @@ class Run:
         self.metrics.finished(code)
         shown = path or "not written (see above)"
         (log.info if code == 0 else log.error)("%s\nsummary: %s", render_report(summary), shown)
+        return summary
 
 
 def _budget(options: Options) -> Budget:

@@ -25,16 +25,32 @@ from agent.world import World
 log = logging.getLogger("agent")
 
 
+COMPACT: dict[str, Any] = {"separators": (",", ":")}
+
+
 def write_json(path: str, data: Any, **dump: Any) -> None:
-    """Write-then-rename, so a reader never sees half a file (`agent logs --follow` polls them).
-    One `dumps`, not `dump`: `dump` encodes in Python, piece by piece, where `dumps` of a compact
-    document uses the C encoder (a 16,384-rank summary: 0.50 → 0.08 s)."""
+    """Write-then-rename, so a reader never sees half a file (`agent logs --follow` polls them),
+    UTF-8. The compact layout (large jobs) is orjson's: node 0 writes a 32,768-rank summary
+    between the last result and the verdict, 7.6 MB in 0.03 s where json's C encoder took 0.3 s
+    (0.8 s on 2 cores shared with 4,095 simulated agents). What orjson refuses (a type it does
+    not know, an int key) goes through json as before."""
     tmp = f"{path}.tmp-{os.getpid()}"
-    text = json.dumps(data, **dump)
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.write("\n")
+    encoded = _compact(data) if dump == COMPACT else None
+    if encoded is None:
+        encoded = json.dumps(data, **dump).encode()
+    with open(tmp, "wb") as f:
+        f.write(encoded)
+        f.write(b"\n")
     os.replace(tmp, path)
+
+
+def _compact(data: Any) -> bytes | None:
+    import orjson  # only where a large job's file is written
+
+    try:
+        return orjson.dumps(data)
+    except TypeError:
+        return None
 
 
 def prepare_log_dir(path: str) -> str:
@@ -182,7 +198,9 @@ def write_unfinished(plan: RunPlan, world: World, code: int, cause: Failure) -> 
         return
     try:
         prepare_log_dir(plan.log_dir)
-        write_summary(plan.log_dir, build_summary(job_record(world, plan), [], code, cause))
+        summary = build_summary(job_record(world, plan), [], code, cause)
+        write_summary(plan.log_dir, summary)
+        record_history(plan.log_dir, summary)
     except (AgentError, OSError):
         pass  # the log dir itself may be what failed
 
@@ -198,7 +216,8 @@ def has_verdict(log_dir: str) -> bool:
 
 
 def write_summary(log_dir: str, summary: Mapping[str, Any]) -> str | None:
-    """summary.json, or None (logged) when the disk refuses even after freeing the reserve."""
+    """summary.json, or None (logged) when the disk refuses even after freeing the reserve.
+    The history row is `record_history`'s, once every node has its verdict."""
     path = LogDir(log_dir).summary
     with contextlib.suppress(OSError):
         os.unlink(LogDir(log_dir).summary_reserve)
@@ -208,15 +227,21 @@ def write_summary(log_dir: str, summary: Mapping[str, Any]) -> str | None:
     except OSError as exc:
         log.error("cannot write %s (%s)", path, exc.strerror or exc)
         return None
-    finally:
-        started = _STARTING.pop(log_dir, None)
-        if started is not None:
-            started.join(_START_WAIT)
-        history.record_job(summary, os.environ)  # the user's job history; never raises
     return path
+
+
+def record_history(log_dir: str, summary: Mapping[str, Any]) -> None:
+    """The job's final history row, after its running one (a thread of write_started). Called
+    once the nodes were told their verdict: at 32,768 ranks reading the summary into its row
+    costs ~0.6 s that no node needs to wait for (the agent still records it before it exits
+    or answers its client)."""
+    started = _STARTING.pop(log_dir, None)
+    if started is not None:
+        started.join(_START_WAIT)
+    history.record_job(summary, os.environ)  # the user's job history; never raises
 
 
 def _layout(entries: int) -> dict[str, Any]:
     """Indented for people up to a few thousand ranks; compact above (4x faster at 32K ranks:
     `agent logs --summary` is how people read those)."""
-    return {"indent": 1} if entries <= 4096 else {"separators": (",", ":")}
+    return {"indent": 1} if entries <= 4096 else COMPACT

@@ -5,7 +5,7 @@
 LOG_DIR is what the end-to-end run left (summary.json, ranks.json, agent logs) plus the rank
 files scale_e2e.rank_files wrote (8 ranks per node). Prints one JSON object:
 - verdict: node 0's work once every result is in: `judge` over every node's result (rebuilt
-  from summary.json's ranks, the shape agent.run.execute posts), `build_summary`,
+  from summary.json's ranks, the shape agent.run.execute posts, parsed as `Result`s), `build_summary`,
   `write_summary`, `render_report`, and ranks.json written again (`write_json` as write_ranks
   does); the results unsealed as node 0 reads them (`JobKeys.unseal`, one per node);
 - logs: `agent logs --summary` and `agent logs -n 5` in process (output to a null sink);
@@ -30,7 +30,9 @@ from agent.logs import main as logs_main
 from agent.node.trust import JobKeys
 from agent.run import outputs
 from agent.run.summary import build_summary, render_report
-from agent.run.verdict import judge
+from agent.node.failure import Failure
+from agent.node.result import Result
+from agent.run.verdict import Budget, judge
 
 REPS = int(os.environ.get("LA_SCALE_REPS", "3"))
 
@@ -89,8 +91,10 @@ def verdict(log_dir: str) -> dict[str, Any]:
     out["unseal_s"], _ = timed(
         lambda: [keys.unseal(s, f"r0/a0/result/{i}", "result") for i, s in enumerate(sealed)]
     )
-    failures = [r["failure"] for r in results if r.get("failure")]
-    out["judge_s"], decided = timed(lambda: judge(0, results, failures, 0))
+    out["parse_s"], typed = timed(lambda: [Result.from_json(r) for r in results])
+    failures = [f for f in (Failure.from_json(r["failure"]) for r in results) if f is not None]
+    budget = Budget(0, 0, False)
+    out["judge_s"], decided = timed(lambda: judge(0, typed, failures, budget))
     job = summary["job"]
     out["build_s"], built = timed(lambda: build_summary(job, [dict(decided.record)], decided.code))
     scratch = os.path.join(log_dir, "offline")
@@ -102,7 +106,8 @@ def verdict(log_dir: str) -> dict[str, Any]:
     out["write_ranks_s"], _ = timed(lambda: outputs.write_json(path, ranks, indent=1))
     out["rank_entries"] = len(ranks.get("ranks", []))
     out["total_s"] = sum(
-        out[k] for k in ("unseal_s", "judge_s", "build_s", "write_summary_s", "report_s")
+        out[k]
+        for k in ("unseal_s", "parse_s", "judge_s", "build_s", "write_summary_s", "report_s")
     )
     return out
 
