@@ -82,3 +82,19 @@ def test_targets_are_judged_on_the_largest_n_that_ran(rows, verdicts) -> None:
     assert "| 256 (2048) |" in text and "10.00 ms" in text
     if "error" in rows[-1]:
         assert "not run" in text
+
+
+IDLE = {"leader_cpu_pct": 10.0, "followers_cpu_pct": 90.0}  # one core between them
+
+
+@pytest.mark.parametrize(
+    ("row", "shown"),
+    [
+        # 30 s of CPU to start 1,000 agents in 10 s at an idle core: 20 s of it is the start's
+        ({"n": 1000, "startup_cpu_s": 30.0, "started_s": 10.0, **IDLE}, "20.00 ms"),
+        ({"n": 1000, "startup_cpu_s": 30.0, "started_s": 0.0, **IDLE}, "30.00 ms"),
+        ({"n": 1000, "startup_cpu_s": 30.0, "started_s": 10.0, "leader_cpu_pct": 10.0}, "n/a"),
+    ],
+)
+def test_the_start_s_cpu_less_the_idle_rate_over_its_wall_time(row, shown) -> None:
+    assert scale._beyond_idle(row) == shown

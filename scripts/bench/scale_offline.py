@@ -27,11 +27,11 @@ from typing import Any
 from agent.hang.collate import collate, headline, render
 from agent.hang.stacks import RankStack
 from agent.logs import main as logs_main
+from agent.node.failure import Failure
+from agent.node.result import Result
 from agent.node.trust import JobKeys
 from agent.run import outputs
 from agent.run.summary import build_summary, render_report
-from agent.node.failure import Failure
-from agent.node.result import Result
 from agent.run.verdict import Budget, judge
 
 REPS = int(os.environ.get("LA_SCALE_REPS", "3"))
@@ -106,8 +106,7 @@ def verdict(log_dir: str) -> dict[str, Any]:
     out["write_ranks_s"], _ = timed(lambda: outputs.write_json(path, ranks, indent=1))
     out["rank_entries"] = len(ranks.get("ranks", []))
     out["total_s"] = sum(
-        out[k]
-        for k in ("unseal_s", "parse_s", "judge_s", "build_s", "write_summary_s", "report_s")
+        out[k] for k in ("unseal_s", "parse_s", "judge_s", "build_s", "write_summary_s", "report_s")
     )
     return out
 
