@@ -192,10 +192,12 @@ def test_2000_idle_scrapers_leave_a_failing_job_its_root_cause(cluster_factory, 
 
 def test_a_resident_node_zero_gives_back_each_runs_descriptors(tmp_path):
     """Issue 35, M7 and O1: run after run, with idle connections to /metrics still open when
-    each ends, node 0's resident agent holds as many descriptors as after its first run."""
+    each ends, node 0's resident agent holds no more descriptors than after its first run. Once
+    warm, a one-node agent also hosts each run's ranks' store, and gives that back too."""
     serving = Serving(tmp_path, 1).start()
     try:
         serving.ready()
+        wait_for(lambda: " warm" in serving.status().stdout, 120, "the node to be warm")
         assert serving.call("run", FIXTURE).returncode == 0, serving.dump()
         node0 = psutil.Process(serving.agents[0].proc.pid)
         baseline = node0.num_fds()
@@ -210,7 +212,8 @@ def test_a_resident_node_zero_gives_back_each_runs_descriptors(tmp_path):
             flood = _idle_flood(url, 100)
             done.touch()
             assert client.wait(60) == 0, serving.dump()
-            wait_for(lambda: node0.num_fds() == baseline, 10, f"{baseline} descriptors again")
+            # no more than after the first run (one of whose descriptors may still be closing)
+            wait_for(lambda: node0.num_fds() <= baseline, 10, f"{baseline} descriptors again")
             for sock in flood:
                 sock.close()
         assert serving.call("down", timeout=60).returncode == 0

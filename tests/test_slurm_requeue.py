@@ -113,9 +113,12 @@ def test_requeue_checkpoints_on_usr2_and_resumes(slurm, tmp_path):
         # Wait that out, then have the scheduler look at it at once instead of on its next pass.
         eligible = datetime.fromisoformat(job_state(job)["EligibleTime"])
         wait_for(lambda: datetime.now() > eligible, 150, f"EligibleTime {eligible}", interval=0.5)
-        subprocess.run(
-            ["scontrol", "update", f"JobId={job}", "StartTime=now"], check=True, timeout=30
-        )
+        nudged = subprocess.run(
+            ["scontrol", "update", f"JobId={job}", "StartTime=now"],
+            capture_output=True, text=True, timeout=30,
+        )  # fmt: skip
+        # refused only when the scheduler's own pass started it first (seen in CI)
+        assert nudged.returncode == 0 or job_state(job).get("JobState") != "PENDING", nudged.stderr
         state = wait_for(lambda: _over(job), 90, "the second run to finish", interval=0.2)
         output = log.read_text()
         assert state["JobState"] == "COMPLETED" and state["ExitCode"] == "0:0", output
