@@ -9,6 +9,7 @@ import pytest
 
 from agent.errors import AgentError, ExitCode
 from agent.node.failure import Failure, Kind
+from agent.node.ranks_store import RanksStore
 from agent.plan.options import Options
 from agent.plan.roster import (
     Exclusion,
@@ -97,6 +98,8 @@ def test_roster_and_lineup_round_trip_through_json():
     assert Roster.from_json(roster.to_json()) == roster
     lineup = Lineup(4242, roster, None, LineupEnd(3, Failure(Kind.EXCLUDED, "x")))
     assert Lineup.from_json(lineup.to_json()) == lineup
+    alone = Lineup(4242, roster, agent_store=False)  # a one-node job whose rank 0 hosts it
+    assert Lineup.from_json(alone.to_json()).ranks_store == RanksStore(4242, False)
     assert [roster.role(a) for a in range(4)] == ["node", "out", "spare", "node"]
 
 
