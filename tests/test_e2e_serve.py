@@ -421,3 +421,61 @@ def test_a_one_node_resident_agent_hosts_its_ranks_store(tmp_path):
             assert (log_dir / f"rank-{rank:05d}.out").read_text() == "True 2\n"
     finally:
         one.kill()
+
+
+def _standbys(agent: psutil.Process) -> list[int]:
+    return sorted(p.pid for p in agent.children() if "agent-standby-rank" in " ".join(p.cmdline()))
+
+
+def test_the_next_runs_ranks_are_forked_ahead_between_runs(tmp_path):
+    """After a run, a resident agent forks as many ranks as it just ran, each waiting for its
+    request: the next run's ranks are those processes (no fork at its start), warm, with their
+    own output and exit; a run that needs fewer leaves the rest waiting, one that needs more
+    forks the rest; `down` leaves none."""
+    script = tmp_path / "released.py"
+    script.write_text(RELEASED)
+    where = tmp_path / "marks"
+    where.mkdir()
+    (where / "release").touch()  # no waiting: each rank ends once it wrote its mark
+    one = Serving(tmp_path, 1, ("--preload", "json"))  # a light zygote, no torch
+    try:
+        one.start().ready()
+        agent = psutil.Process(one.agents[0].proc.pid)
+        assert _standbys(agent) == [], "none before the first run: its size is unknown"
+
+        def run(nproc: int) -> list[dict]:
+            for mark in where.glob("started-*"):
+                mark.unlink()
+            done = one.call("run", "--nproc-per-node", str(nproc), str(script), str(where))
+            assert done.returncode == 0, done.stderr
+            for rank in range(nproc):
+                assert f"rank {rank} finished" in done.stdout + done.stderr
+            said.append(done.stderr)
+            return [json.loads((where / f"started-{r}").read_text()) for r in range(nproc)]
+
+        said: list[str] = []
+        first = run(2)
+        wait_for(lambda: len(_standbys(agent)) == 2, 60, "two ranks forked ahead")
+        ahead = _standbys(agent)
+        assert not {s["pid"] for s in first} & set(ahead)
+        second = run(2)
+        assert sorted(s["pid"] for s in second) == ahead, (second, ahead)
+        assert all(s["warm"] for s in second)
+        assert "2 of 2 ranks forked warm (2 forked ahead of the run)" in said[-1], said[-1]
+        assert "forked ahead" not in said[0]
+        wait_for(lambda: len(_standbys(agent)) == 2, 60, "two more forked ahead")
+        ahead = _standbys(agent)
+        [third] = run(1)  # one of the two takes it; the other waits on for the next run
+        assert third["warm"] and third["pid"] in ahead
+        [waiting] = set(ahead) - {third["pid"]}
+        assert _standbys(agent) == [waiting]
+        fourth = run(3)  # the one waiting, and two forked at the start
+        ahead = [waiting]
+        assert ahead[0] in {s["pid"] for s in fourth} and all(s["warm"] for s in fourth)
+        wait_for(lambda: len(_standbys(agent)) == 3, 60, "three forked ahead")
+        ahead = _standbys(agent)
+        assert one.call("down").returncode == 0
+        assert one.wait(30) == [0]
+        wait_for(lambda: not any(_live(pid) for pid in ahead), 30, "none left after down")
+    finally:
+        one.kill()

@@ -84,8 +84,22 @@ class Rank:
         return self.proc.wait(timeout), self.out.decode(), self.err.decode()
 
 
-def warm(zygote: Zygote, args: list[str], env: dict | None = None, cwd: str | None = None, **kw):
-    return Rank(zygote, args, env or base_env(), cwd or str(FIXTURES), **kw).finish()
+def warm(
+    zygote: Zygote,
+    args: list[str],
+    env: dict | None = None,
+    cwd: str | None = None,
+    ahead: bool = False,
+    **kw,
+):
+    """A warm rank's (code, out, err); `ahead`: forked before its request (Zygote.stand_by)."""
+    if ahead:
+        assert zygote.stand_by(1) == 1
+        [waiting] = zygote.standby_pids()
+    rank = Rank(zygote, args, env or base_env(), cwd or str(FIXTURES), **kw)
+    if ahead:
+        assert rank.proc.pid == waiting and not zygote.standby_pids()
+    return rank.finish()
 
 
 def fresh(args: list[str], env: dict | None = None, cwd: str | None = None):
@@ -176,7 +190,8 @@ ROWS = {
 
 @pytest.mark.parametrize("unbuffered", [False, True], ids=["buffered", "unbuffered"])
 def test_rank_is_what_a_fresh_interpreter_would_be(zygote, tmp_path, unbuffered):
-    """Two runs of two warm ranks each against two fresh `python script.py` ranks started the
+    """Two runs of two warm ranks each (the second's forked ahead of their requests, as a
+    resident agent does between runs) against two fresh `python script.py` ranks started the
     same way, row by row (ROWS); torch is already imported at a warm rank's first line."""
     env = base_env(TMPDIR=str(tmp_path), WARM_ONLY_HERE="1")
     if unbuffered:
@@ -184,8 +199,13 @@ def test_rank_is_what_a_fresh_interpreter_would_be(zygote, tmp_path, unbuffered)
     envs = [dict(env, RANK=str(rank)) for rank in range(2)]
     args, cwd = ["fixtures/warm_probe.py", "--flag", "a b"], str(FIXTURES.parent)
     warm_ranks = []  # (rank, state) for 2 runs x 2 ranks
-    for _run in range(2):
+    for run in range(2):
+        if run == 1:
+            assert zygote.stand_by(2) == 2
+            ahead = set(zygote.standby_pids())
         started = [Rank(zygote, args, envs[rank], cwd) for rank in range(2)]
+        if run == 1:
+            assert {r.proc.pid for r in started} == ahead
         for rank, proc in enumerate(started):
             code, out, err = proc.finish()
             assert code == 0, err
@@ -274,9 +294,11 @@ def test_directory_script_and_relative_pythonpath(tmp_path):
         (["finalizer"], 0),
     ],
 )
-def test_exits_like_cpython(zygote, args, code):
-    """Exit status, stdout and stderr (tracebacks start at the user's frame) as CPython's."""
-    warm_result = warm(zygote, [EXIT, *args])
+@pytest.mark.parametrize("ahead", [False, True], ids=["forked", "forked-ahead"])
+def test_exits_like_cpython(zygote, args, code, ahead):
+    """Exit status, stdout and stderr (tracebacks start at the user's frame) as CPython's,
+    forked on request or ahead of it."""
+    warm_result = warm(zygote, [EXIT, *args], ahead=ahead)
     assert warm_result[0] == code
     assert warm_result == fresh([EXIT, *args])
 
@@ -509,6 +531,40 @@ def light_zygote():
     with Zygote.start(["no_such_module_here", "warm_noisy"], env) as zygote:
         assert zygote.wait_ready(60), zygote.info
         yield zygote, env
+
+
+def test_ranks_forked_ahead_wait_unrun_and_go_when_let_go(light_zygote):
+    """Forked ahead, a rank runs nothing while it waits (titled as what it is); fewer wanted
+    lets the extra ones go (they exit unrun), and so does closing the zygote."""
+    zygote, _ = light_zygote
+    assert zygote.stand_by(3) == 3
+    waiting = zygote.standby_pids()
+    for pid in waiting:
+        assert _titled(pid, b"agent-standby-rank"), pid
+    assert zygote.stand_by(1) == 1 and zygote.standby_pids() == waiting[:1]
+    assert all(gone(pid) for pid in waiting[1:])
+    assert _live(waiting[0])
+    zygote.close()
+    assert gone(waiting[0])
+
+
+def _titled(pid: int, title: bytes, timeout: float = 10) -> bool:
+    """Bounded wait for a process to show `title` as its command (it retitles itself)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+            if cmdline.read().split(b"\0")[0] == title:
+                return True
+        time.sleep(0.02)
+    return False
+
+
+def _live(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rpartition(")")[2].split()[0] not in ("Z", "X")
+    except OSError:
+        return False
 
 
 def test_preload_failures_and_output(light_zygote):

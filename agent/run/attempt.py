@@ -173,10 +173,17 @@ class NodeAttempt:
                 warm=zygote,
             )
             if warm is not None:
+                if warm.resident:
+                    warm.ahead = len(started)
                 forked = sum(w.warm for w in started)
+                ahead = sum(w.ahead for w in started)
                 if forked or warm.resident:
                     log.info(
-                        "attempt %d: %d of %d ranks forked warm", attempt, forked, len(started)
+                        "attempt %d: %d of %d ranks forked warm%s",
+                        attempt,
+                        forked,
+                        len(started),
+                        f" ({ahead} forked ahead of the run)" if ahead else "",
                     )
                 # Prepared for the restarts the user asked for (--max-restarts), not for the
                 # default infrastructure budget: that would cost every node of every one-shot

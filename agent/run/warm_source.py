@@ -33,6 +33,7 @@ class WarmSource:
         self.resident = resident  # kept for every run; else prepared only for restarts
         self._start = start  # Zygote.start; tests pass a fake
         self.zygote: Any = None
+        self.ahead = 0  # resident: this node's ranks in its last run, forked ahead for the next
 
     @property
     def enabled(self) -> bool:
@@ -86,8 +87,21 @@ class WarmSource:
         ready = z is not None and z.ready
         return {"warm": ready, "preload": list(self.preload), **({"pid": z.pid} if ready else {})}
 
+    def stand_by(self) -> None:
+        """Resident, between runs: the next run's ranks forked ahead of it (as many as this
+        node started last), so that its start needs no fork (Zygote.stand_by)."""
+        z = self.zygote
+        if not (self.resident and self.ahead and z is not None and z.ready):
+            return
+        try:
+            z.stand_by(self.ahead)
+        except OSError as exc:  # out of descriptors or processes: the next run forks them
+            log.warning("cannot fork ranks ahead of the next run (%s)", exc)
+
     def pids(self) -> tuple[int, ...]:
-        return () if self.zygote is None else (self.zygote.pid,)
+        """The zygote and the ranks forked ahead: the agent's own, never a job's leftovers."""
+        z = self.zygote
+        return () if z is None else (z.pid, *z.standby_pids())
 
     def close(self) -> None:
         z, self.zygote = self.zygote, None

@@ -41,6 +41,7 @@ class Worker:
     end: float | None = None
     terminated: bool = False  # we signalled it during teardown
     warm: bool = False  # forked from the warm interpreter
+    ahead: bool = False  # forked from it between runs, before its request (Zygote.stand_by)
 
 
 def wrapper_argv(
@@ -117,7 +118,8 @@ def spawn(
         show = console(spec)
         out = router.add(out_fd, Stream(spec.rank, "out", spec.out_path, prefix, show))
         err = router.add(err_fd, Stream(spec.rank, "err", spec.err_path, prefix, show))
-        worker = Worker(spec, proc, time.time(), out, err, warm=_is_warm(proc))
+        warm = _is_warm(proc)
+        worker = Worker(spec, proc, time.time(), out, err, warm=warm, ahead=warm and proc.ahead)
         workers.append(worker)
         threading.Thread(
             target=_wait, args=(index, proc, events), name=f"wait-{spec.rank}", daemon=True

@@ -64,6 +64,7 @@ def _follow(
                 seat.tell(exc)
         if seat.signals.received is not None:
             raise Interrupted(seat.signals.received)
+        warm.stand_by()  # the next run's ranks forked now, between runs
         seat.idle()  # between runs our own trouble is a departure, not a run's failure
         number += 1
 

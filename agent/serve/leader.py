@@ -77,6 +77,7 @@ class Leader:
                 self.active = None
             self.runner.after_run()
         _send(channel, final)
+        self.runner.warm.stand_by()  # the next run's ranks forked now, once the client has its end
 
     def _started(self, plan: Any) -> None:
         with self._lock:

@@ -134,8 +134,19 @@ REAPPLIED: tuple[str, ...] = (
 )
 
 
-def _matches(name: str, patterns: Sequence[str]) -> bool:
-    return any(name.startswith(p[:-1]) if p.endswith("*") else name == p for p in patterns)
+class _Patterns:
+    """Names and NAME* prefixes, matched in C (str.startswith with a tuple): the fingerprint is
+    taken for each rank's environment on the way to its fork."""
+
+    def __init__(self, patterns: Sequence[str]) -> None:
+        self.names = frozenset(p for p in patterns if not p.endswith("*"))
+        self.prefixes = tuple(p[:-1] for p in patterns if p.endswith("*"))
+
+    def match(self, name: str) -> bool:
+        return name in self.names or name.startswith(self.prefixes)
+
+
+_SENSITIVE, _REAPPLIED = _Patterns(IMPORT_SENSITIVE), _Patterns(REAPPLIED)
 
 
 def import_fingerprint(env: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
@@ -144,6 +155,6 @@ def import_fingerprint(env: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
         sorted(
             (name, value)
             for name, value in env.items()
-            if _matches(name, IMPORT_SENSITIVE) and not _matches(name, REAPPLIED)
+            if _SENSITIVE.match(name) and not _REAPPLIED.match(name)
         )
     )

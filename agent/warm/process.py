@@ -84,6 +84,7 @@ class WarmProcess:
         self.adopted = adopted
         self.returncode: int | None = None
         self.lost_with: str | None = None  # why it died, when its zygote's death killed it
+        self.ahead = False  # forked before its request, between runs (Zygote.stand_by)
         self._started = _start_time(pid)
         self._done = threading.Event()
         if adopted:

@@ -14,6 +14,7 @@ from typing import Any
 from agent.hang import fallback
 from agent.hang.probe import sitecustomize as probe
 from agent.warm import libs, proctitle, script
+from agent.warm.go_pipe import GO, REQUEST, REQUEST_LIMIT
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_PTRACER = 0x59616D61  # "Yama"
@@ -60,7 +61,11 @@ def become_rank(
     code = 70  # EX_SOFTWARE: the rank could not be started
     out_fd, err_fd, go_fd = pipes
     try:
-        _detach(origin, go_fd, adopted)
+        if request.get("standby"):  # ps shows what it is while it waits, not another zygote
+            proctitle.retitle(
+                ["agent-standby-rank", f"zygote={origin.pid}", f"agent={origin.agent}"]
+            )
+        request = _detach(origin, go_fd, adopted) or request
         _take_fds(out_fd, err_fd, origin)
         code = _prepare(request, origin)
         if code == 0:
@@ -81,9 +86,11 @@ def become_rank(
     os._exit(code)
 
 
-def _detach(origin: Origin, go_fd: int, adopted: bool) -> None:
+def _detach(origin: Origin, go_fd: int, adopted: bool) -> Mapping[str, Any] | None:
     """Own session (the agent kills ranks with killpg), default signals, die with the parent:
-    the agent once adopted, else the zygote. Nothing runs until the agent knows our pid."""
+    the agent once adopted, else the zygote. Nothing runs until the agent knows our pid. A rank
+    forked ahead of its run (a standby: the zygote had no request for it) gets its request
+    then, on the go pipe, and returns it."""
     signal.set_wakeup_fd(-1)
     for signum, handler in origin.signals.items():
         if handler is not None and signal.getsignal(signum) != handler:
@@ -96,16 +103,45 @@ def _detach(origin: Origin, go_fd: int, adopted: bool) -> None:
     # One byte once the agent has our pid (adopted: we are its child by then); EOF: it never
     # will (the zygote or the agent died first), and a rank it does not know must not run.
     try:
-        released = os.read(go_fd, 1) == b"g"
-    except OSError:
-        released = False
+        request = _released(go_fd)
+    except (OSError, ValueError):
+        request = None
     os.close(go_fd)
-    if not released:
-        os._exit(1)
+    if request is None:
+        os._exit(1)  # a standby the agent let go (its next run needed fewer ranks), or EOF
     if adopted:
         _die_with(libc, origin.agent)
     # Yama ptrace_scope=1: let the agent's py-spy (not our ancestor) dump us; EINVAL without Yama
     libc.prctl(_PR_SET_PTRACER, origin.agent, 0, 0, 0)
+    return request or None
+
+
+def _released(go_fd: int) -> Mapping[str, Any] | None:
+    """What the go pipe says: GO ({}: run the request the fork came with), or REQUEST, its
+    length (8 bytes) and the request as JSON (a standby's); None for anything else."""
+    first = os.read(go_fd, 1)
+    if first == GO:
+        return {}
+    if first != REQUEST:
+        return None
+    size = int.from_bytes(_read_exactly(go_fd, 8), "big")
+    if size > REQUEST_LIMIT:
+        return None
+    import json
+
+    request = json.loads(_read_exactly(go_fd, size))
+    return request if isinstance(request, dict) else None
+
+
+def _read_exactly(fd: int, size: int) -> bytes:
+    parts, left = [], size
+    while left:
+        chunk = os.read(fd, min(left, 1 << 20))
+        if not chunk:
+            raise ValueError("the go pipe closed within a request")
+        parts.append(chunk)
+        left -= len(chunk)
+    return b"".join(parts)
 
 
 def _die_with(libc: ctypes.CDLL, parent: int) -> None:

@@ -26,6 +26,7 @@ from collections.abc import Mapping, Sequence
 from typing import IO, Any
 
 from agent.warm.command import import_fingerprint, warm_command
+from agent.warm.go_pipe import GO, REQUEST
 from agent.warm.process import (
     Pending,
     RankStart,
@@ -69,6 +70,7 @@ class Zygote:
         self._sending = threading.Lock()  # never taken by the reader, which needs only _lock
         self._ids = itertools.count(1)
         self._pending: dict[int, Pending] = {}
+        self._standbys: list[tuple[WarmProcess, int]] = []  # forked ahead, with their go pipes
         self._ranks: dict[int, WarmProcess] = {}
         self._reader = threading.Thread(target=self._read, name=f"zygote-{proc.pid}", daemon=True)
         self._reader.start()
@@ -162,33 +164,99 @@ class Zygote:
                 raise ValueError("env differs from the zygote's in what its imports read (fits())")
         if not self.ready:
             return [ZygoteGone(self._why_not())] * len(starts)
+        found = [self._from_standby(start) for start in starts]
+        rest = [start for start, proc in zip(starts, found, strict=True) if proc is None]
         adopt = adopts_orphans()
-        results: list[WarmProcess | ZygoteGone] = []
-        for first in range(0, len(starts), RANKS_PER_MESSAGE):
-            results += self._fork_batch(starts[first : first + RANKS_PER_MESSAGE], adopt)
-        return results
+        forked: list[WarmProcess | ZygoteGone] = []
+        for first in range(0, len(rest), RANKS_PER_MESSAGE):
+            for result in self._fork_batch(rest[first : first + RANKS_PER_MESSAGE], adopt):
+                if isinstance(result, ZygoteGone):
+                    forked.append(result)
+                    continue
+                proc, go_w = result
+                with contextlib.suppress(OSError):  # EPIPE: it died already; its exit tells
+                    os.write(go_w, GO)  # we know its pid: it may run (closing unread: it exits)
+                os.close(go_w)
+                forked.append(proc)
+        more = iter(forked)
+        return [proc if proc is not None else next(more) for proc in found]
+
+    def stand_by(self, count: int) -> int:
+        """Fork ranks ahead of their run, so that the next run's need no fork: up to `count`
+        wait, each for its request (a standby runs nothing until fork_all hands it one; the
+        extra ones, above `count`, are let go). Returns how many wait now. Call between runs:
+        each costs a fork now instead of at the next run's start."""
+        with self._lock:
+            live = [s for s in self._standbys if s[0].returncode is None]
+            dead = [s for s in self._standbys if s[0].returncode is not None]
+            self._standbys, extra = live[:count], live[count:]
+        for _, go_w in dead + extra:
+            os.close(go_w)  # EOF: an extra one exits unrun
+        need = count - len(live)
+        if need <= 0 or not self.ready:
+            return min(count, len(live))
+        placed = self._fork_batch([None] * min(need, RANKS_PER_MESSAGE), adopts_orphans())
+        standbys = [result for result in placed if not isinstance(result, ZygoteGone)]
+        with self._lock:
+            if self._gone:  # closed meanwhile: nobody will hand these a request
+                for _, go_w in standbys:
+                    os.close(go_w)
+                standbys = []
+            self._standbys += standbys
+            return len(self._standbys)
+
+    def standby_pids(self) -> tuple[int, ...]:
+        with self._lock:
+            return tuple(proc.pid for proc, _ in self._standbys)
+
+    def _from_standby(self, start: RankStart) -> WarmProcess | None:
+        """A standby that takes `start`'s request; None when none is left alive."""
+        while True:
+            with self._lock:
+                if not self._standbys:
+                    return None
+                proc, go_w = self._standbys.pop(0)
+            try:
+                if proc.returncode is not None:  # died waiting (killed, say): its exit is told
+                    continue
+                data = json.dumps(self._rank_request(start)).encode()
+                try:
+                    _write_all(go_w, REQUEST + len(data).to_bytes(8, "big") + data)
+                except OSError:  # EPIPE: died just now
+                    continue
+                proc.args, proc.ahead = list(start.argv), True
+                return proc
+            finally:
+                os.close(go_w)
 
     def _fork_batch(
-        self, starts: Sequence[RankStart], adopt: bool
-    ) -> list[WarmProcess | ZygoteGone]:
+        self, starts: Sequence[RankStart | None], adopt: bool
+    ) -> list[tuple[WarmProcess, int] | ZygoteGone]:
+        """Fork one rank per start (None: a standby, its request to come on its go pipe), in
+        one message; each forked rank with the write end of its go pipe, the caller's now."""
         pendings: list[Pending] = []
         go: list[int] = []  # the write end of each rank's go pipe
         theirs: list[int] = []  # sent with the request; the zygote has its own copies then
+        handed: set[int] = set()
         try:
             for start in starts:
                 (out_r, out_w), (err_r, err_w), (go_r, go_w) = os.pipe(), os.pipe(), os.pipe()
-                pendings.append(Pending(start.argv, out_r, err_r, adopt))
+                argv = start.argv if start is not None else ("standby",)
+                pendings.append(Pending(argv, out_r, err_r, adopt))
                 go.append(go_w)
                 theirs += [out_w, err_w, go_r]
             request = {
                 "op": "fork",
                 "adopt": adopt,  # through a middle process, so that the ranks become our children
-                "ranks": [self._rank_request(start) for start in starts],
+                "ranks": [
+                    self._rank_request(start) if start is not None else {"standby": True}
+                    for start in starts
+                ],
             }
             try:
                 self._send(request, pendings, theirs)
             except ZygoteGone as exc:
-                return self._failed(pendings, exc)
+                return [*self._failed(pendings, exc)]
             finally:
                 for fd in theirs:
                     os.close(fd)
@@ -197,7 +265,7 @@ class Zygote:
             for pending in pendings:
                 if not pending.answered.wait(max(0.0, deadline - time.monotonic())):
                     self.close()  # wedged: the ranks not answered for start cold
-            results: list[WarmProcess | ZygoteGone] = []
+            results: list[tuple[WarmProcess, int] | ZygoteGone] = []
             for pending, go_w in zip(pendings, go, strict=True):
                 if pending.proc is None:
                     pending.close()
@@ -206,9 +274,8 @@ class Zygote:
                         ZygoteGone(f"zygote {self.pid} {why}" if why else self._why_not())
                     )
                     continue
-                with contextlib.suppress(OSError):  # EPIPE: it died already; its exit tells
-                    os.write(go_w, b"g")  # we know its pid: it may run (closing unread: it exits)
-                results.append(pending.proc)
+                results.append((pending.proc, go_w))
+                handed.add(go_w)
             return results
         except BaseException:
             for pending in pendings:
@@ -217,7 +284,8 @@ class Zygote:
             raise
         finally:
             for fd in go + theirs:
-                os.close(fd)
+                if fd not in handed:
+                    os.close(fd)
 
     def _rank_request(self, start: RankStart) -> dict[str, Any]:
         command = warm_command(start.argv, sys.executable)
@@ -237,7 +305,7 @@ class Zygote:
         }
 
     @staticmethod
-    def _failed(pendings: list[Pending], why: ZygoteGone) -> list[WarmProcess | ZygoteGone]:
+    def _failed(pendings: list[Pending], why: ZygoteGone) -> list[ZygoteGone]:
         """The request never reached the zygote: no rank came of it, nor will."""
         for pending in pendings:
             pending.close()
@@ -246,6 +314,10 @@ class Zygote:
     def close(self) -> None:
         """Kill the zygote and reap it; idempotent. Adopted ranks run on (they are the agent's);
         the zygote's own children follow it by PDEATHSIG."""
+        with self._lock:
+            standbys, self._standbys = self._standbys, []
+        for _, go_w in standbys:
+            os.close(go_w)  # EOF: each exits unrun (adopted, the agent reaps it)
         self._proc.kill()  # a no-op once Popen has reaped it
         self._proc.wait()
         with contextlib.suppress(OSError):
@@ -339,6 +411,12 @@ class Zygote:
                     f"died first ({_status(status)})"
                 )
             proc.exited(code)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
 
 
 def _status(returncode: int) -> str:

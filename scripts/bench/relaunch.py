@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from bench import breakdown, launchers
+from bench import breakdown, cpu_split, launchers
 from bench import common as c
 from bench.stats import Table, Target, median, ratio, secs, spread, times
 
@@ -66,12 +66,14 @@ def timed(
     """Start `cmds` at once (press = just before the first Popen), wait for them, read the ranks'
     files in `where`: first line, all_reduce done, exit — seconds after the press; with the
     run's `log_dir`, where the time went (breakdown.phases)."""
+    cpu_before = cpu_split.snapshot() if log_dir is not None else None
     press = time.time()
     run = c.start(cmds, cwd)
     try:
         run.wait(timeout)
     finally:
         run.kill()
+    cpu = cpu_split.split(cpu_before, cpu_split.snapshot()) if cpu_before is not None else None
     exited = len(run.wall_ends) == len(cmds)
     ranks = _rank_records(where, world, 0)
     ok = exited and all(code == 0 for code in run.codes) and len(ranks) == world
@@ -88,6 +90,8 @@ def timed(
             found = breakdown.phases(press, max(run.wall_ends.values()), ranks, log_dir)
             if found is not None:
                 result["phases"] = found
+            if cpu is not None:
+                result["cpu"] = cpu
     else:
         result["error"] = (
             ("timed out; " if not exited else "") + c.tail(cmds[0][2]) or c.tail(cmds[-1][2])
@@ -519,6 +523,7 @@ def run(
                 one("warm-1", i, single.run_cmd, NPROC)
     finally:
         data["single_down"] = single.down()
+    data["client_alone"] = client_alone(warm_per_round)
     data["slurm"] = info = ensure_slurm(log)
     if not info["available"]:
         log(f"relaunch: Slurm skipped: {info['why']}")
@@ -538,6 +543,21 @@ def run(
     finally:
         release_slurm(info, log)
     return data
+
+
+def client_alone(reps: int) -> dict[str, float | None]:
+    """The client's own floor, measured alone in this run (median wall of `reps` each): a bare
+    interpreter, and one that imports what `agent run` imports before it connects."""
+
+    def wall(code: str) -> float | None:
+        times = []
+        for _ in range(reps):
+            started = time.perf_counter()
+            subprocess.run([c.PY, "-c", code], env=c.base_env(), check=True, timeout=60)
+            times.append(time.perf_counter() - started)
+        return median(times)
+
+    return {"interpreter": wall("pass"), "client": wall("import agent.serve.commands")}
 
 
 # -- report -----------------------------------------------------------------------------------
@@ -691,7 +711,24 @@ def _breakdown_table(data: dict[str, Any], n: int, p: int, sn: int) -> Table:
         table.add(what, *(secs(median([r[name] for r in runs[cell]])) for cell, _ in shapes))
     table.add("Enter → prompt (the sum)",
               *(secs(median([sum(r.values()) for r in runs[cell]])) for cell, _ in shapes))  # fmt: skip
+    cpu = {cell: [r["cpu"] for r in data["runs"] if r.get("cell") == cell and r.get("cpu")]
+           for cell, _ in shapes}  # fmt: skip
+    cores = len(os.sched_getaffinity(0))
+    for key, what in CPU_ROWS:
+        table.add(what, *(_core_s(median([r[key] for r in cpu[cell]])) for cell, _ in shapes))
+    table.add(f"the floor on {cores} cores: the machine's CPU ÷ {cores}",
+              *(secs(median([r["total"] / cores for r in cpu[cell]])) for cell, _ in shapes))  # fmt: skip
+    table.add(f"the user's own floor: the ranks' CPU ÷ {cores}",
+              *(secs(median([r["ranks"] / cores for r in cpu[cell]])) for cell, _ in shapes))  # fmt: skip
+    alone = data.get("client_alone") or {}
     table.notes += [
+        "CPU: core-seconds from Enter to the prompt (cpu_split.py): the machine's from /proc/stat; "
+        "the client's as this process reaped it; each resident agent's own and what it reaped "
+        "(its ranks, adopted); each zygote's own and what it reaped (the middle process of "
+        "each fork); 'other': the bench and the rest of the machine. Slurm's agents run under "
+        "slurmd, not the bench: theirs and their ranks' CPU is in 'other' there.",
+        f"The client alone, same run (median wall): a bare interpreter {secs(alone.get('interpreter'))}, "
+        f"one that imports what `agent run` imports before it connects {secs(alone.get('client'))}.",
         "From the run's own files: node 0's agent log (ms timestamps), each rank's record "
         "(relaunch_rank.py), summary.json (each rank's exit as its agent saw it; the file's "
         "time), and the bench's clock at Enter and at the client's exit ('-': no such run). "
@@ -699,6 +736,20 @@ def _breakdown_table(data: dict[str, Any], n: int, p: int, sn: int) -> Table:
         "the client's interpreter start (~0.06-0.1 s, `python -m agent --help`) is in the first.",
     ]
     return table
+
+
+CPU_ROWS = (
+    ("total", "CPU, Enter → prompt: the machine (core-seconds)"),
+    ("ranks", "… the ranks (the user's script, start to exit)"),
+    ("client", "… the client (`python -m agent run`)"),
+    ("agents", "… the agents"),
+    ("zygotes", "… the zygotes (the forks)"),
+    ("other", "… other (the bench, the machine)"),
+)
+
+
+def _core_s(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
 
 
 def _forked(counts: list[int], world: int) -> str:
