@@ -6,6 +6,7 @@ The next run's scope (`r<N>`) is where everything reaches a waiting agent: its p
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -21,6 +22,7 @@ from agent.node.stage import Stage
 from agent.run.node_run import Session
 from agent.run.tools import RunTools
 from agent.run.warm_source import WarmSource
+from agent.serve.leader import ANSWER_WAIT, ANSWERED
 from agent.serve.relay import ChannelOut, forward_logs
 
 log = logging.getLogger("agent")
@@ -64,7 +66,10 @@ def _follow(
                 seat.tell(exc)
         if seat.signals.received is not None:
             raise Interrupted(seat.signals.received)
-        warm.stand_by()  # the next run's ranks forked now, between runs
+        # The next run's ranks forked between runs, once node 0's client has its end.
+        with contextlib.suppress(AgentError, OSError):
+            scope.store.wait([scope.key(ANSWERED)], ANSWER_WAIT)
+        warm.stand_by()
         seat.idle()  # between runs our own trouble is a departure, not a run's failure
         number += 1
 

@@ -8,6 +8,7 @@ supervisor, which stops the run's ranks on every node while the agents stay up.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import signal
@@ -21,11 +22,17 @@ from agent.control import wire
 from agent.control.debug_service import DebugService
 from agent.control.stacks_service import stacks_reply
 from agent.control.top_service import TopService
+from agent.errors import AgentError
 from agent.node.control_seat import ControlSeat
 from agent.node.signals import Signalled
+from agent.node.stage import Stage
 from agent.serve.runner import RunRunner
 
 log = logging.getLogger("agent")
+# A run's key once its client has the end: the other agents then fork their next run's ranks
+# (Zygote.stand_by), off the client's wait. It only wakes them; they go on without it after
+# ANSWER_WAIT (an outsider's copy, or its deletion, moves that work in time, nothing else).
+ANSWERED, ANSWER_WAIT = "answered", 2.0
 _SIGNALS = {"SIGINT": signal.SIGINT, "SIGTERM": signal.SIGTERM, "SIGHUP": signal.SIGHUP}
 
 
@@ -68,8 +75,9 @@ class Leader:
     def _execute(self, channel: wire.Channel, message: dict[str, Any]) -> None:
         active = self.active
         assert active is not None
+        number = self.run
         try:
-            final = self.runner.run(self.run, channel, message, self._started)
+            final = self.runner.run(number, channel, message, self._started)
         finally:
             if self.runner.offered:
                 self.run += 1
@@ -77,6 +85,9 @@ class Leader:
                 self.active = None
             self.runner.after_run()
         _send(channel, final)
+        if self.runner.offered:  # the others fork their next ranks now, off the client's wait
+            with contextlib.suppress(AgentError, OSError):  # a lost store: seat.idle() tells
+                self.seat.scope(Stage(number).scope()).put(ANSWERED, {})
         self.runner.warm.stand_by()  # the next run's ranks forked now, once the client has its end
 
     def _started(self, plan: Any) -> None:

@@ -18,7 +18,7 @@ from typing import Any
 # (phase, what it measures); the all_reduce row is the user's work, the rest the launcher's
 PHASES = (
     ("to_attempt", "Enter → node 0 starts the attempt (client start, handshake, plan, lineup)"),
-    ("fork", "→ every rank of node 0 forked from the zygote"),
+    ("fork", "→ every rank of node 0 started (forked ahead of the run, or from the zygote now)"),
     ("first_line", "→ every rank at its first line (its start-up, as the script sees it)"),
     ("user_work", "→ every rank's all_reduce done (init_process_group + all_reduce: the user's)"),
     ("rank_end", "→ every rank's exit seen by its agent (the script's end, interpreter shutdown)"),

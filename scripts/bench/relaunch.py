@@ -31,6 +31,9 @@ FAIL_RANK, FAIL_AFTER = 0, 8.0  # attempt 0's rank 0 fails 8 s after its first l
 RUN_TIMEOUT = 120.0
 READY_TIMEOUT = 120.0
 WARM_WAIT = 30.0  # once every agent is ready, how long to wait for every zygote (then go on)
+# Before each timed run, every launcher's: a user's edit → Enter loop is seconds apart, and the
+# resident agents do what nobody waits for in that time (the next run's ranks forked ahead).
+THINK = 1.0
 START_CLUSTER = c.REPO / "scripts" / "slurm" / "start-cluster.sh"
 STOP_CLUSTER = c.REPO / "scripts" / "slurm" / "stop-cluster.sh"
 # Rough cost of one run of each cell on a loaded 2-core machine (seconds), to plan repetitions.
@@ -66,6 +69,7 @@ def timed(
     """Start `cmds` at once (press = just before the first Popen), wait for them, read the ranks'
     files in `where`: first line, all_reduce done, exit — seconds after the press; with the
     run's `log_dir`, where the time went (breakdown.phases)."""
+    time.sleep(THINK)
     cpu_before = cpu_split.snapshot() if log_dir is not None else None
     press = time.time()
     run = c.start(cmds, cwd)
@@ -628,6 +632,8 @@ def summarize(data: dict[str, Any]) -> tuple[list[Table], list[Target], dict[str
     ]
     warm_loop_vs_srun = ratio(slurm_tr, warm_b)
     table.notes += [
+        f"Every timed run starts {THINK:g} s after the previous one ended (a user's loop is "
+        "seconds apart; resident agents fork the next run's ranks in that time). "
         "press = time.time() just before the launching command's Popen (for the loopback one-shot "
         "agent and torchrun: before the first of the 4 per-node processes, started at once); (a) = "
         "max over ranks of the rank's first-line time.time(); (b) = max over ranks of the time its "
