@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import os
 import sys
 
@@ -24,14 +23,17 @@ SUBCOMMANDS = (
 )
 
 
+# The resident agents' clients: they print what they have to say and never log, so they start
+# without the logging machinery (a client's start is part of every `agent run`).
+CLIENTS = ("run", "status", "down", "stacks", "top")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    logging.raiseExceptions = False  # a full log disk must not print tracebacks from logging
-    from agent.text import PrintableFormatter, printable
+    if not (argv and argv[0] in CLIENTS):
+        _log_to_stderr()
+    from agent.text import printable
 
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(PrintableFormatter("[agent %(process)d] %(message)s"))
-    logging.basicConfig(level=logging.INFO, handlers=[handler])
     if not argv:  # the usage, as argparse would answer (exit 2), naming no internals of ours
         from agent.launch.cli import usage_text
 
@@ -55,6 +57,17 @@ def main(argv: list[str] | None = None) -> int:
         return 128 + 2
 
 
+def _log_to_stderr() -> None:
+    import logging
+
+    from agent.log_format import PrintableFormatter
+
+    logging.raiseExceptions = False  # a full log disk must not print tracebacks from logging
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(PrintableFormatter("[agent %(process)d] %(message)s"))
+    logging.basicConfig(level=logging.INFO, handlers=[handler])
+
+
 def _subcommand(name: str, argv: list[str]) -> int:
     if name == "serve":
         from agent.serve.cli import parse_serve
@@ -63,7 +76,7 @@ def _subcommand(name: str, argv: list[str]) -> int:
         from agent.serve.resident import serve  # after parsing: `--help` stays light
 
         return serve(command, os.environ)
-    if name in ("run", "status", "down", "stacks", "top"):
+    if name in CLIENTS:
         from agent.serve.commands import main as client_main
 
         return client_main(name, argv, os.environ)
@@ -93,7 +106,9 @@ if __name__ == "__main__":
     fallback = sys.modules.get("agent.hang.fallback")  # never imported only for this
     if fallback is not None:
         fallback.remove_fresh_dirs()  # os._exit below runs no atexit hook
-    logging.shutdown()
+    logging = sys.modules.get("logging")  # a client never imports it
+    if logging is not None:
+        logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
     # Skip interpreter teardown: c10d's store threads must not be destroyed under our feet, and

@@ -9,8 +9,6 @@ own output is not touched: it is the user's program, and its colours are theirs.
 
 from __future__ import annotations
 
-import logging
-
 _BIDI = [*range(0x202A, 0x202F), *range(0x2066, 0x206A)]
 _ESCAPES = {c: f"\\x{c:02x}" for c in [*range(0x20), 0x7F, *range(0x80, 0xA0)]}
 _ESCAPES |= {c: f"\\u{c:04x}" for c in _BIDI}
@@ -21,10 +19,3 @@ def printable(text: object, one_line: bool = False) -> str:
     """`text` with every control character shown as an escape (\\n and \\t kept unless
     `one_line`)."""
     return str(text).translate(_ESCAPES if one_line else _MULTI_LINE)
-
-
-class PrintableFormatter(logging.Formatter):
-    """A log formatter whose output never carries a control sequence to the terminal."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        return printable(super().format(record))

@@ -46,3 +46,31 @@ def test_no_torch_import(argv, tmp_path):
     assert imported, "importtime printed nothing"
     assert not [m for m in imported if m == "torch" or m.startswith("torch.")], argv
     assert "Traceback" not in done.stderr
+
+
+# What a client of the resident agents needs is the wire and its parser: not the logging
+# machinery (it prints, never logs), nor the scheduler parsers and host lists, nor `secrets`
+# (only who writes the connection record or the secret needs it). A client's start is part of
+# every `agent run` (BENCHMARKS.md, the relaunch breakdown).
+CLIENT_NEVER = ("logging", "secrets", "hostlist", "agent.world.detect", "agent.world.slurm",
+                "agent.world.types", "agent.plan.run_plan", "agent.warm")  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["-m", "agent", "run", "--serve", "/nonexistent/serve.json", "train.py"],
+        ["-m", "agent", "status", "--serve", "/nonexistent/serve.json"],
+    ],
+)
+def test_a_client_starts_light(argv, tmp_path):
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "PYTHONPATH": str(REPO)}
+    done = subprocess.run(
+        [sys.executable, "-X", "importtime", *argv],
+        capture_output=True, text=True, cwd=tmp_path, env=env, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 3, done.stderr[-2000:]  # no resident agents there: it got that far
+    imported = {line.split("|")[-1].strip() for line in done.stderr.splitlines() if "|" in line}
+    assert "agent.serve.client" in imported and "agent.control.wire" in imported
+    heavy = sorted(m for m in imported if m.startswith(CLIENT_NEVER))
+    assert not heavy, heavy

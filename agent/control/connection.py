@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import secrets
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -76,7 +75,7 @@ def write(path: Path, record: Mapping[str, Any]) -> None:
     data = json.dumps(dict(record), sort_keys=True, indent=1).encode() + b"\n"
     if len(data) > MAX_BYTES:
         raise AgentError(f"cannot write the connection file {path}: over {MAX_BYTES} bytes")
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{_token_hex(4)}")
     try:
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -277,3 +276,9 @@ def resolvable(host: str) -> bool:
     except UnicodeError:
         return False
     return True
+
+
+def _token_hex(size: int) -> str:
+    import secrets  # here: the clients that only read this file start without it
+
+    return secrets.token_hex(size)

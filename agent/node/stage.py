@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from agent.text import PrintableFormatter
+from agent.log_format import PrintableFormatter
 
 
 @dataclass(frozen=True)

@@ -5,8 +5,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import replace
 
-import hostlist
-
 from agent.errors import AgentError
 from agent.world.env import (
     Int,
@@ -35,6 +33,8 @@ _SLURM_PER_NODE = (
 
 def expand_nodelist(text: str, variable: str) -> tuple[str, ...]:
     """`gpu[001-002],cpu7` → ("gpu001", "gpu002", "cpu7"); AgentError naming `variable` when bad or empty."""
+    import hostlist  # here: the clients import this package and never expand a host list
+
     try:
         hosts = tuple(hostlist.expand_hostlist(text.strip()))
     except hostlist.BadHostlist as err:
@@ -168,6 +168,8 @@ def _slurm_local_size(
 # Slurm's compressed task layout ("2(x3),1": tasks on each node of a step).
 def expand_tasks_per_node(text: str, variable: str) -> tuple[int, ...]:
     """`2(x3),1` → (2, 2, 2, 1); AgentError naming `variable` and `text` when malformed or empty."""
+    import hostlist
+
     try:
         counts = tuple(hostlist.parse_slurm_tasks_per_node(text.strip()))
     except hostlist.BadHostlist as err:
