@@ -176,7 +176,8 @@ def _private_dir() -> str:
 def test_resident_agents_warm_ranks_pause_and_post_mortem(tmp_path):
     """`agent run` on resident agents (warm ranks, light zygote): the run's client names the
     pause, `agent debug` finds the job from the allocation, the session continues the rank;
-    then --pdb on the same agents pauses at the exception and `q` fails the run with it."""
+    then --pdb on the same agents (ranks forked ahead of that run) pauses at the exception and
+    `q` fails the run with it."""
     serving = Serving(tmp_path, 2, ("--preload", "json"))
     try:
         serving.start().ready()
@@ -203,6 +204,8 @@ def test_resident_agents_warm_ranks_pause_and_post_mortem(tmp_path):
         assert failing.returncode == 1, err.decode()
         failed = (out + err).decode()
         assert "ValueError: bad batch 7" in failed
+        # the second run's ranks were forked ahead, between the runs: --pdb is theirs too
+        assert "1 of 1 ranks forked warm (1 forked ahead of the run)" in failed, failed
         # every node forked its rank warm in both runs (node 0 says so to the run's client,
         # node 1 on its own stderr): one line per node and run, wherever it went
         said = shown + failed + serving.dump()
