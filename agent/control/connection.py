@@ -69,13 +69,15 @@ def write(path: Path, record: Mapping[str, Any]) -> None:
     """Atomically (a temporary file in the same directory, then rename), 0600, in a directory
     created 0700 when missing. AgentError (2) when the record is incomplete or too big, or the
     directory is not writable."""
+    import secrets  # here: the clients only read this file, and start without it
+
     problem = _problem(record)
     if problem:
         raise AgentError(f"cannot write the connection file {path}: {problem}")
     data = json.dumps(dict(record), sort_keys=True, indent=1).encode() + b"\n"
     if len(data) > MAX_BYTES:
         raise AgentError(f"cannot write the connection file {path}: over {MAX_BYTES} bytes")
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{_token_hex(4)}")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
     try:
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -276,9 +278,3 @@ def resolvable(host: str) -> bool:
     except UnicodeError:
         return False
     return True
-
-
-def _token_hex(size: int) -> str:
-    import secrets  # here: the clients that only read this file start without it
-
-    return secrets.token_hex(size)

@@ -37,13 +37,15 @@ def load_secret(env: Mapping[str, str], home: Path) -> bytes:
 
 
 def _create_secret(path: Path) -> None:
+    import secrets  # here: the clients only read this file, and start without it
+
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{_token_hex(4)}")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
         os.fchmod(fd, 0o600)  # whatever the umask
         with os.fdopen(fd, "w") as out:
-            out.write(_token_hex(32) + "\n")
+            out.write(secrets.token_hex(32) + "\n")
             out.flush()
             os.fsync(out.fileno())
         _publish(tmp, path)
@@ -80,9 +82,3 @@ def _read_secret(path: Path) -> bytes:
     if not secret:
         raise AgentError(f"secret file {path} is empty; delete it and a new one is created")
     return secret
-
-
-def _token_hex(size: int) -> str:
-    import secrets  # here: the clients that only read this file start without it
-
-    return secrets.token_hex(size)

@@ -67,7 +67,7 @@ def _follow(
         if seat.signals.received is not None:
             raise Interrupted(seat.signals.received)
         # The next run's ranks forked between runs, once node 0's client has its end.
-        with contextlib.suppress(AgentError, OSError):
+        with contextlib.suppress(AgentError, OSError, RuntimeError):  # a lost store: _await tells
             scope.store.wait([scope.key(ANSWERED)], ANSWER_WAIT)
         warm.stand_by()
         seat.idle()  # between runs our own trouble is a departure, not a run's failure

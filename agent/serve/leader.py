@@ -86,7 +86,7 @@ class Leader:
             self.runner.after_run()
         _send(channel, final)
         if self.runner.offered:  # the others fork their next ranks now, off the client's wait
-            with contextlib.suppress(AgentError, OSError):  # a lost store: seat.idle() tells
+            with contextlib.suppress(AgentError, OSError, RuntimeError):  # seat.idle() tells
                 self.seat.scope(Stage(number).scope()).put(ANSWERED, {})
         self.runner.warm.stand_by()  # the next run's ranks forked now, once the client has its end
 
