@@ -721,18 +721,23 @@ def _breakdown_table(data: dict[str, Any], n: int, p: int, sn: int) -> Table:
            for cell, _ in shapes}  # fmt: skip
     cores = len(os.sched_getaffinity(0))
     for key, what in CPU_ROWS:
-        table.add(what, *(_core_s(median([r[key] for r in cpu[cell]])) for cell, _ in shapes))
+        table.add(what, *("-" if cell in UNDER_SLURMD and key in PER_AGENT else
+                          _core_s(median([r[key] for r in cpu[cell]])) for cell, _ in shapes))  # fmt: skip
     table.add(f"the floor on {cores} cores: the machine's CPU ÷ {cores}",
               *(secs(median([r["total"] / cores for r in cpu[cell]])) for cell, _ in shapes))  # fmt: skip
+    table.add(f"… this work's floor: the client's CPU (it runs first, alone) + the rest ÷ {cores}",
+              *(secs(median([r["client"] + (r["total"] - r["client"]) / cores for r in cpu[cell]]))
+                for cell, _ in shapes))  # fmt: skip
     table.add(f"the user's own floor: the ranks' CPU ÷ {cores}",
-              *(secs(median([r["ranks"] / cores for r in cpu[cell]])) for cell, _ in shapes))  # fmt: skip
+              *("-" if cell in UNDER_SLURMD else secs(median([r["ranks"] / cores for r in cpu[cell]]))
+                for cell, _ in shapes))  # fmt: skip
     alone = data.get("client_alone") or {}
     table.notes += [
         "CPU: core-seconds from Enter to the prompt (cpu_split.py): the machine's from /proc/stat; "
         "the client's as this process reaped it; each resident agent's own and what it reaped "
         "(its ranks, adopted); each zygote's own and what it reaped (the middle process of "
         "each fork); 'other': the bench and the rest of the machine. Slurm's agents run under "
-        "slurmd, not the bench: theirs and their ranks' CPU is in 'other' there.",
+        "slurmd, not the bench: theirs and their ranks' CPU is in 'other' there ('-').",
         f"The client alone, same run (median wall): a bare interpreter {secs(alone.get('interpreter'))}, "
         f"one that imports what `agent run` imports before it connects {secs(alone.get('client'))}.",
         "From the run's own files: node 0's agent log (ms timestamps), each rank's record "
@@ -744,6 +749,8 @@ def _breakdown_table(data: dict[str, Any], n: int, p: int, sn: int) -> Table:
     return table
 
 
+UNDER_SLURMD = ("slurm-warm",)  # its agents and ranks are not the bench's descendants
+PER_AGENT = ("ranks", "agents", "zygotes")
 CPU_ROWS = (
     ("total", "CPU, Enter → prompt: the machine (core-seconds)"),
     ("ranks", "… the ranks (the user's script, start to exit)"),
