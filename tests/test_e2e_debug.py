@@ -211,6 +211,9 @@ def test_resident_agents_warm_ranks_pause_and_post_mortem(tmp_path):
         said = shown + failed + serving.dump()
         warm = r"\[agent (\S+) (r\d+)\.a0\] attempt 0: 1 of 1 ranks forked warm"
         assert len(set(re.findall(warm, said))) == 4, said
+        # node 1 forked its rank of the second run ahead too: it heard node 0's client had the end
+        ahead = r"\[agent (\S+) r1\.a0\] attempt 0: 1 of 1 ranks forked warm \(1 forked ahead"
+        assert len(set(re.findall(ahead, said))) == 2, said
     finally:
         serving.kill()
 

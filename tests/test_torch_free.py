@@ -10,6 +10,17 @@ import pytest
 from cluster import REPO
 
 
+def imports(argv: list[str], cwd) -> tuple[subprocess.CompletedProcess, list[str]]:
+    """Run `python -X importtime ARGV` in a bare environment: its result, and every module it
+    imported, in order."""
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(cwd), "PYTHONPATH": str(REPO)}
+    done = subprocess.run(
+        [sys.executable, "-X", "importtime", *argv],
+        capture_output=True, text=True, cwd=cwd, env=env, timeout=60,
+    )  # fmt: skip
+    return done, [line.split("|")[-1].strip() for line in done.stderr.splitlines() if "|" in line]
+
+
 @pytest.mark.parametrize(
     "argv",
     [
@@ -36,13 +47,8 @@ from cluster import REPO
     ],
 )
 def test_no_torch_import(argv, tmp_path):
-    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "PYTHONPATH": str(REPO)}
-    done = subprocess.run(
-        [sys.executable, "-X", "importtime", *argv],
-        capture_output=True, text=True, cwd=tmp_path, env=env, timeout=60,
-    )  # fmt: skip
+    done, imported = imports(argv, tmp_path)
     assert done.returncode in (0, 2, 3), done.stderr[-2000:]
-    imported = [line.split("|")[-1].strip() for line in done.stderr.splitlines() if "|" in line]
     assert imported, "importtime printed nothing"
     assert not [m for m in imported if m == "torch" or m.startswith("torch.")], argv
     assert "Traceback" not in done.stderr
@@ -64,13 +70,8 @@ CLIENT_NEVER = ("logging", "secrets", "hostlist", "agent.world.detect", "agent.w
     ],
 )
 def test_a_client_starts_light(argv, tmp_path):
-    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "PYTHONPATH": str(REPO)}
-    done = subprocess.run(
-        [sys.executable, "-X", "importtime", *argv],
-        capture_output=True, text=True, cwd=tmp_path, env=env, timeout=60,
-    )  # fmt: skip
+    done, imported = imports(argv, tmp_path)
     assert done.returncode == 3, done.stderr[-2000:]  # no resident agents there: it got that far
-    imported = {line.split("|")[-1].strip() for line in done.stderr.splitlines() if "|" in line}
     assert "agent.serve.client" in imported and "agent.control.wire" in imported
     heavy = sorted(m for m in imported if m.startswith(CLIENT_NEVER))
     assert not heavy, heavy

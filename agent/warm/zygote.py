@@ -182,7 +182,7 @@ class Zygote:
         return [proc if proc is not None else next(more) for proc in found]
 
     def stand_by(self, count: int) -> int:
-        """Fork ranks ahead of their run, so that the next run's need no fork: up to `count`
+        """Fork ranks ahead of their run, so that the next run's ranks need no fork: up to `count`
         wait, each for its request (a standby runs nothing until fork_all hands it one; the
         extra ones, above `count`, are let go). Returns how many wait now. Call between runs:
         each costs a fork now instead of at the next run's start."""
