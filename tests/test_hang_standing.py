@@ -132,7 +132,8 @@ class Clock:
         return self.now
 
 
-KEYS = JobKeys.derive(b"standing-test", "job", "0")
+JOB = (b"standing-test", "job", "0")  # secret, job, step
+KEYS = JobKeys.derive(*JOB)
 
 
 @pytest.fixture()
@@ -258,6 +259,37 @@ def test_a_wake_reads_the_standing_of_the_node_it_names_and_the_slow_look_reads_
     clock.now += 5.0  # SLOW_LOOK: every record, node 2's garbage among them
     coordinator.read_standings(side, clock())
     assert coordinator.unsure == frozenset({2}) and seen[2].seq == 1  # what was known stands
+    coordinator.close()
+
+
+def test_the_slow_look_opens_only_the_standings_that_changed(server):
+    """The slow look reads all N every SLOW_LOOK s while the job runs: a record whose bytes are
+    those opened last time is not opened again (4,096 nodes: 2-4 % of node 0's core). One that
+    does not open is not remembered: it is tried, and its node unsure, at every look."""
+    opened: list[str] = []
+
+    class Counted(JobKeys):
+        def unseal(self, data, key, what):
+            opened.append(key)
+            return super().unseal(data, key, what)
+
+    clock, evil = Clock(), outsider(server)
+    coordinator = _coordinator(server, clock, nodes=(0, 1, 2))
+    side = node_scope(server, 0, Counted.derive(*JOB))  # node 0's scope, counting
+    nodes = [_watch(server, a, clock) for a in (0, 1, 2)]
+    for a, node in enumerate(nodes):
+        node.started([a])
+    assert coordinator.read_standings(side, clock()).keys() == {0, 1, 2} and len(opened) == 3
+    evil.set(side.key("standing/2"), b"garbage")
+    for news, quiet in ((False, False), (True, True), (False, True)):
+        if news:
+            nodes[1].tick(10.0)  # node 1's ranks fall quiet: a new record
+        opened.clear()
+        clock.now += 5.0  # SLOW_LOOK: every record read
+        seen = coordinator.read_standings(side, clock())
+        assert seen[1].quiet is quiet and coordinator.unsure == frozenset({2})
+        expected = {side.key("standing/2")} | ({side.key("standing/1")} if news else set())
+        assert sorted(opened) == sorted(expected)
     coordinator.close()
 
 

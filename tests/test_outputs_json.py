@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from agent.run.outputs import COMPACT, write_json
+from agent.run.outputs import COMPACT, READABLE, write_json
 
 RANK = {"rank": 7, "host": "node0001", "start": 1795740572.9017026, "how": "killed by SIGTERM"}
 
@@ -31,6 +31,25 @@ def test_the_compact_layout_reads_back_as_written(tmp_path, data, expected) -> N
     assert raw.endswith(b"\n") and b", " not in raw and b'": ' not in raw
     assert json.loads(raw.decode("utf-8")) == expected
     assert [p.name for p in tmp_path.iterdir()] == ["summary.json"]  # no temporary left
+
+
+@pytest.mark.parametrize(
+    ("data", "expected"),
+    [
+        ({"b": {"y": 1, "x": [RANK]}, "a": "é ☃"}, {"a": "é ☃", "b": {"x": [RANK], "y": 1}}),
+        ({"huge": 2**70, "a": 1}, {"a": 1, "huge": 2**70}),  # beyond 64 bits: json again
+        ({"z": None, "y": True, "x": 0.1}, {"x": 0.1, "y": True, "z": None}),
+    ],
+)
+def test_the_readable_layout_is_sorted_indented_and_reads_back(tmp_path, data, expected) -> None:
+    """The resolved config: people read it, so keys sorted and one per line, whichever encoder
+    wrote it (orjson, or json past what orjson refuses)."""
+    path = tmp_path / "resolved-config.json"
+    write_json(str(path), data, **READABLE)
+    text = path.read_text(encoding="utf-8")
+    assert json.loads(text) == expected
+    assert list(json.loads(text)) == sorted(expected)  # top-level keys in order
+    assert text.startswith("{\n  ") and text.endswith("}\n")
 
 
 def test_the_indented_layout_is_json_s_own(tmp_path) -> None:

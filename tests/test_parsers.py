@@ -305,6 +305,7 @@ BAD_PAYLOADS = [
     ("env-int-value", {"config": {}, "env": {"A": 1}}, ["env A must be a string"]),
     ("config-nan", {"config": {"o": {"lr": float("nan")}}}, ["config.o.lr is nan", "finite"]),
     ("config-bytes", {"config": {"l": [b"x"]}}, ["config.l[0] is a bytes"]),
+    ("config-inf-listed", {"config": {"l": [0.5, float("-inf")]}}, ["config.l[1] is -inf"]),
     ("config-int-key", {"config": {"o": {1: "x"}}}, ["config.o has a non-string key 1"]),
 ]  # fmt: skip
 

@@ -10,6 +10,7 @@ import threading
 from datetime import timedelta
 
 import pytest
+from cluster import wait_for
 from torch.distributed import TCPStore
 
 from agent.node.failure import Failure, Kind
@@ -306,3 +307,49 @@ def test_a_peer_waited_past_once_is_named_again_after_another_lost_after() -> No
     assert watch.silent([1, 1], 0.0) == [] and watch.silent([2, 1], 7.0) == [1]
     watch.again(1, 7.0)
     assert watch.silent([3, 1], 12.0) == [] and watch.silent([4, 1], 13.5) == [1]
+
+
+class RecordingClient(StoreClient):
+    """Our client, keeping every query it sends (its bytes: the keys it names are in them)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.queries: list[bytes] = []
+
+    def _send(self, data: bytes) -> None:
+        self.queries.append(bytes(data))
+        super()._send(data)
+
+
+def test_a_barrier_member_never_reads_the_others_notes_on_the_counts_word(server) -> None:
+    """4,096 simulated agents: once the count said all in, every agent whose look came due read
+    all N notes until the done record came (~260 full reads). The count only wakes: a member
+    other than the first awaited one looks at its own note, never at the others'. Here the count
+    is whole before node 0 arrives (an outsider's bump, or the last arrival still reading):
+    node 1 looks past it twice, naming no one's note but its own; node 0's arrival ends it."""
+    endpoint = Endpoint("127.0.0.1", server.port)
+    names = ["n0", "n1", "n2"]
+
+    def member(index: int, client: StoreClient) -> Scope:
+        return Scope(Store(client, endpoint, "b/"), "r0", index, KEYS, ("done",))
+
+    recorder = RecordingClient.connect("127.0.0.1", server.port, 10)
+    node1 = member(1, recorder)
+    node2 = member(2, StoreClient.connect("127.0.0.1", server.port, 10))
+    count = node1.key("arrived")
+    ended = threading.Event()
+    thread = threading.Thread(
+        target=lambda: (node1.barrier(3, 60.0, names), ended.set()), daemon=True
+    )
+    thread.start()
+    wait_for(lambda: node2.store.add(count, 0) == 1, 30, "node 1's arrival")
+    node2.put("in/2", {})  # node 2 arrived: its note, its count
+    node2.store.add(count, 1)
+    node2.store.add(count, 1)  # the outsider's bump: 3 of 3, node 0 not there
+    own = node1.key("in", 1).encode()  # its put, then each look: a CHECK and a GET
+    wait_for(lambda: sum(own in q for q in recorder.queries) >= 5, 30, "node 1's second look")
+    assert not ended.is_set()
+    member(0, StoreClient.connect("127.0.0.1", server.port, 10)).barrier(3, 60.0, names)
+    assert ended.wait(30), "node 1 never saw the done record node 0 wrote"
+    others = (node1.key("in", 0).encode(), node1.key("in", 2).encode())
+    assert not [q for q in recorder.queries if any(k in q for k in others)]

@@ -68,19 +68,33 @@ class Payload:
         return cls(config=data["config"], argv=data.get("argv", ()), env=data.get("env", {}))
 
 
+# Values whose type is exactly one of these, or a finite float, are copied as they are without
+# building their path: most of a config. Every node walks the payload it receives (a 600-entry
+# config: 3.0 → 0.8 ms, on every agent of a 4,096-node start).
+_LEAVES = frozenset({str, int, bool, type(None)})
+
+
+def _as_is(item: Any) -> bool:
+    kind = type(item)
+    return kind in _LEAVES or (kind is float and math.isfinite(item))
+
+
 def _plain(value: Any, where: str) -> Any:
     """A deep copy in plain JSON types; anything JSON cannot carry is an error naming its path."""
-    if isinstance(value, Mapping):
+    if type(value) is dict or isinstance(value, Mapping):  # an ABC's check costs: dict first
         out = {}
         for key, item in value.items():
             if not isinstance(key, str):
                 raise AgentError(
                     f"payload {where} has a non-string key {key!r}; JSON keys are strings"
                 )
-            out[key] = _plain(item, f"{where}.{key}")
+            out[key] = item if _as_is(item) else _plain(item, f"{where}.{key}")
         return out
-    if isinstance(value, list | tuple):
-        return [_plain(item, f"{where}[{index}]") for index, item in enumerate(value)]
+    if type(value) is list or isinstance(value, list | tuple):
+        return [
+            item if _as_is(item) else _plain(item, f"{where}[{index}]")
+            for index, item in enumerate(value)
+        ]
     if isinstance(value, float) and not math.isfinite(value):
         raise AgentError(
             f"payload {where} is {value!r}, which JSON cannot carry; use a finite number"

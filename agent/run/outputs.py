@@ -26,16 +26,20 @@ log = logging.getLogger("agent")
 
 
 COMPACT: dict[str, Any] = {"separators": (",", ":")}
+# The resolved config's layout, for people: sorted keys, indented (orjson's 2 spaces).
+READABLE: dict[str, Any] = {"sort_keys": True, "indent": 2, "ensure_ascii": False}
 
 
 def write_json(path: str, data: Any, **dump: Any) -> None:
     """Write-then-rename, so a reader never sees half a file (`agent logs --follow` polls them),
-    UTF-8. The compact layout (large jobs) is orjson's: node 0 writes a 32,768-rank summary
+    UTF-8. The COMPACT and READABLE layouts are orjson's: node 0 writes a 32,768-rank summary
     between the last result and the verdict, 7.6 MB in 0.03 s where json's C encoder took 0.3 s
-    (0.8 s on 2 cores shared with 4,095 simulated agents). What orjson refuses (a type it does
-    not know, an int key) goes through json as before."""
+    (0.8 s on 2 cores shared with 4,095 simulated agents), and every agent writes its copy of
+    the resolved config, which json indents in Python (a 35 KB config: 4.1 ms against 0.12 ms,
+    on every node of a 4,096-node start). What orjson refuses (a type it does not know, an int
+    past 64 bits) goes through json as before."""
     tmp = f"{path}.tmp-{os.getpid()}"
-    encoded = _compact(data) if dump == COMPACT else None
+    encoded = _by_orjson(data, dump)
     if encoded is None:
         encoded = json.dumps(data, **dump).encode()
     with open(tmp, "wb") as f:
@@ -44,11 +48,14 @@ def write_json(path: str, data: Any, **dump: Any) -> None:
     os.replace(tmp, path)
 
 
-def _compact(data: Any) -> bytes | None:
-    import orjson  # only where a large job's file is written
+def _by_orjson(data: Any, dump: dict[str, Any]) -> bytes | None:
+    if dump not in (COMPACT, READABLE):
+        return None
+    import orjson  # only where a large job's file or a config is written
 
+    option = orjson.OPT_SORT_KEYS | orjson.OPT_INDENT_2 if dump == READABLE else 0
     try:
-        return orjson.dumps(data)
+        return orjson.dumps(data, option=option)
     except TypeError:
         return None
 
@@ -130,7 +137,7 @@ def relaid(plan: RunPlan, first: RunPlan) -> RunPlan:
 def write_config(log_dir: str, agent_index: int, config: Mapping[str, Any]) -> str:
     """Each agent writes its own copy (no two nodes write one file on a shared filesystem)."""
     path = os.path.abspath(LogDir(log_dir).resolved_config(agent_index))
-    write_json(path, config, sort_keys=True, indent=1, ensure_ascii=False)
+    write_json(path, config, **READABLE)
     return path
 
 

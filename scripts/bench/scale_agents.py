@@ -309,7 +309,7 @@ class Slot:
             if PROFILE_DIR:  # LA_SCALE_PROFILE=DIR: each agent's main thread, cProfile
                 import cProfile
 
-                profile = self.profile = cProfile.Profile()
+                profile = self.profile = cProfile.Profile(time.thread_time)  # CPU, not wall
                 profile.enable()
             BY_THREAD[threading.get_ident()] = self
             self.cpu["start"] = time.thread_time()
