@@ -98,3 +98,26 @@ IDLE = {"leader_cpu_pct": 10.0, "followers_cpu_pct": 90.0}  # one core between t
 )
 def test_the_start_s_cpu_less_the_idle_rate_over_its_wall_time(row, shown) -> None:
     assert scale._beyond_idle(row) == shown
+
+
+@pytest.mark.parametrize(
+    ("row", "base", "plain", "per_reference"),
+    [
+        # 4,096 agents: 40 ms each against 25 at 1,024; each operation 1.25× dearer there
+        ({"n": 4096, "startup_cpu_s": 163.84, "reference_cpu_ms": 1.25},
+         {"n": 1024, "startup_cpu_s": 25.6, "reference_cpu_ms": 1.0}, 1.6, 1.28),
+        ({"n": 4096, "startup_cpu_s": 102.4, "reference_cpu_ms": 1.0},
+         {"n": 1024, "startup_cpu_s": 25.6, "reference_cpu_ms": 1.0}, 1.0, 1.0),
+        ({"n": 4096, "startup_cpu_s": 102.4}, {"n": 1024, "startup_cpu_s": 25.6}, 1.0, None),
+        ({"n": 4096}, {"n": 1024, "startup_cpu_s": 25.6}, None, None),
+    ],
+)  # fmt: skip
+def test_cpu_per_agent_against_1024_plain_and_per_unit_of_reference_work(
+    row, base, plain, per_reference
+) -> None:
+    got = scale._ratio(row, base), scale._ratio(row, base, per_reference=True)
+    assert got == (pytest.approx(plain), pytest.approx(per_reference))
+    rows = [{**_row(1024), **base}, {**_row(4096), **row}]
+    named = {t.name: t for t in scale.summarize({"rows": rows, "idle_s": 5.0})[1]}
+    judged = named["… per unit of the reference work's CPU"]
+    assert judged.ok == (None if per_reference is None else per_reference <= 1.2)

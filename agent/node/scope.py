@@ -220,7 +220,7 @@ class Scope:
         self.put(mine, note or {})
         count = s.add(self.key("arrived"))
         expected = agents - len(absent)
-        waited = [i for i in range(agents) if i not in absent]
+        waited = [i for i in range(agents) if i not in absent] if absent else list(range(agents))
         # The counter only wakes: the barrier ends on a sealed record, written once every
         # sealed note is in (an outsider's bump of the count ends nothing early).
         if count >= expected and self._all_in(waited, seen):

@@ -111,9 +111,9 @@ class Roster:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Roster:
-        return cls(
-            tuple(int(a) for a in data["nodes"]),
-            tuple(int(a) for a in data["spares"]),
+        return cls(  # map, not a generator: every agent reads N of them from each lineup
+            tuple(map(int, data["nodes"])),
+            tuple(map(int, data["spares"])),
             tuple(Exclusion.from_json(e) for e in data["excluded"]),
         )
 

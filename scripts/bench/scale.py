@@ -97,6 +97,7 @@ COLUMNS = [
     ("ranks started everywhere", lambda r: secs(r.get("started_s"))),
     ("CPU to start, per agent", lambda r: _per_agent(r, "startup_cpu_s")),
     ("… less idle × start time", lambda r: _beyond_idle(r)),
+    ("reference work's CPU", lambda r: _ms(r.get("reference_cpu_ms"))),
     ("node 0 idle CPU", lambda r: _pct(r.get("leader_cpu_pct"))),
     ("node 0 fds", lambda r: str(r.get("leader_fd_count", "n/a"))),
     ("abort → all saw it", lambda r: secs(r.get("fanout_s"), 3)),
@@ -108,6 +109,10 @@ COLUMNS = [
     ("`logs -n 5`", lambda r: secs(_get(r, "cli_tail5", "s"))),
     ("stacks parse+collate", lambda r: secs(_get(r, "offline", "stacks", "total_s"))),
 ]
+
+
+def _ms(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f} ms"
 
 
 def _per_agent(row: dict[str, Any], key: str) -> str:
@@ -124,6 +129,21 @@ def _beyond_idle(row: dict[str, Any]) -> str:
     if None in (cpu, wall, node0, others):
         return "n/a"
     return f"{1000 * (cpu - (node0 + others) / 100 * wall) / row['n']:.2f} ms"
+
+
+def _ratio(row: dict[str, Any], base: dict[str, Any], per_reference: bool = False) -> float | None:
+    """CPU to start per agent at `row`'s size ÷ at `base`'s; `per_reference`: each first
+    divided by its size's reference work CPU (the machine's cost of one operation there)."""
+    mine, theirs = row.get("startup_cpu_s"), base.get("startup_cpu_s")
+    if mine is None or theirs is None:
+        return None
+    ratio = (mine / row["n"]) / (theirs / base["n"])
+    if per_reference:
+        unit, unit_base = row.get("reference_cpu_ms"), base.get("reference_cpu_ms")
+        if not unit or not unit_base:
+            return None
+        ratio /= unit / unit_base
+    return ratio
 
 
 def summarize(data: dict[str, Any]) -> tuple[list[Table], list[Target], dict[str, Any]]:
@@ -153,6 +173,11 @@ def summarize(data: dict[str, Any]) -> tuple[list[Table], list[Target], dict[str
         "in the idle window, node 0's and the others') over the start's wall time: what the "
         "start itself costs, apart from the background threads (heartbeat, collectives watch) "
         "running for as long as 2 cores make a start of N agents last",
+        "reference work: the same few records sealed and opened and store queries, done by "
+        "every agent once right after it joined, under the start's load (median CPU); its "
+        "growth from 1,024 agents to N is what N agents sharing 2 cores add to every "
+        "operation (threads, processes, caches), not what an agent does more of; it is taken "
+        "out of the start's CPU",
         "--heartbeat-timeout 6 s (the default) up to 1,024 agents, 60 s above (thousands of "
         "agent threads on 2 cores can keep one from running for more than 6 s); above 3,948 "
         "agents the others' failure reports share their main connection (node 0 serves 4 "
@@ -174,4 +199,14 @@ def summarize(data: dict[str, Any]) -> tuple[list[Table], list[Target], dict[str
         ):  # fmt: skip
             shown = _pct(value) if "%" in wanted else secs(value, 3)
             targets.append(Target(name, wanted, shown, None if value is None else value <= limit))
+        base = next((r for r in rows if r["n"] == 1024 and "fanout_s" in r), None)
+        if base is not None and n > 1024:
+            for name, ratio in (
+                (f"CPU to start per agent, {n} ÷ 1,024", _ratio(big, base)),
+                ("… per unit of the reference work's CPU", _ratio(big, base, per_reference=True)),
+            ):
+                shown = "n/a" if ratio is None else f"{ratio:.2f}×"
+                targets.append(
+                    Target(name, "≤ 1.2×", shown, None if ratio is None else ratio <= 1.2)
+                )
     return [table], targets, {"rows": rows}

@@ -317,7 +317,8 @@ class Slot:
             assert self.seat is not None
             self.seat.meet()
             self.joined = time.monotonic()
-            self.cpu["joined"] = time.thread_time()
+            self.cpu["reference"] = reference_work(self.seat)
+            self.cpu["joined"] = time.thread_time()  # the phases leave the reference out
             self.code = session.execute(0, plan, RunTools(self.topology, spawn=self.node.spawn))
             self.finished = time.monotonic()
             self.seat.leave()
@@ -338,6 +339,22 @@ class Slot:
             MARKS.note()
 
 
+def reference_work(seat: Any) -> float:
+    """CPU seconds this thread spends on a fixed piece of an agent's kind of work (records
+    sealed and opened, store queries answered), done by every agent once, right after it
+    joined, under the start's own load. The same work at every size: its CPU at N agents
+    against its CPU at 1,024 is what N agents sharing 2 cores (threads, processes, caches)
+    add to each operation, not what an agent does more of."""
+    record = {"host": "node0001", "ranks": list(range(8)), "seq": 7, "padding": "x" * 200}
+    key = seat.store.key("reference")
+    start = time.thread_time()
+    for _ in range(REFERENCE_ROUNDS):
+        seat.keys.unseal(seat.keys.seal(record, key), key, "reference")
+        seat.store.exists(key)
+    return time.thread_time() - start
+
+
+REFERENCE_ROUNDS = 8
 TOPOLOGY: Any = None
 BY_THREAD: dict[int, Slot] = {}  # agent thread → its slot
 PROFILE_DIR = os.environ.get("LA_SCALE_PROFILE")
@@ -526,6 +543,7 @@ def main(argv: list[str]) -> int:
                 if role == "leader" or lo == 1
                 else {},
                 cpu=_phase_cpu(slots),
+                reference=[s.cpu.get("reference") for s in slots],
                 by_thread=cpu_by_kind(threads_at_go, cpu_at_go)
                 if role == "leader" or lo == 1
                 else {},

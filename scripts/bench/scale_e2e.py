@@ -197,7 +197,14 @@ def measure(n: int, work: Path, idle_s: float, log) -> dict[str, Any]:
         spawned = [p.expect("spawned", 300) for p in procs]
         busy = time.monotonic() - go
         cpu_after = [p.cpu() for p in procs]
-        out["startup_cpu_s"] = sum(a - b for a, b in zip(cpu_after, cpu_before, strict=True))
+        # every agent's reference work (scale_agents.reference_work) is not the start's
+        references = [r for s in spawned for r in s.get("reference", []) if r is not None]
+        out["startup_cpu_s"] = sum(a - b for a, b in zip(cpu_after, cpu_before, strict=True)) - sum(
+            references
+        )
+        out["reference_cpu_ms"] = (
+            1000 * sorted(references)[len(references) // 2] if references else None
+        )
         out["startup_leader_cpu_s"] = cpu_after[0] - cpu_before[0]
         out["startup_wall_s"] = busy
         out["imports_s"] = max(r.get("imports_s", 0.0) for r in ready)
