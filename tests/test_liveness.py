@@ -116,3 +116,20 @@ def test_the_line_a_log_dir_gets(tmp_path, listening):
     assert unfinished(str(tmp_path)) == (KILLED, f"job 8.0\\x1b[2J {KILLED_WORDS}")
     summary.write_text(json.dumps({"status": "succeeded"}))
     assert unfinished(str(tmp_path)) is None
+
+
+@pytest.mark.parametrize(
+    ("record", "judged"),
+    [
+        ({"status": "running", "job": {"run_id": "9.1"}}, (KILLED, f"job 9.1 {KILLED_WORDS}")),
+        ({"status": "failed", "attempts": "not a list"}, None),  # a verdict: not read further
+        ({"status": ["running"]}, None),
+        ({}, None),
+    ],
+)
+def test_a_record_the_caller_read_is_judged_as_given(tmp_path, record, judged):
+    """`agent logs --summary` reads summary.json once and hands it over: the file on disk (here
+    another job's running record) is not read again."""
+    other = {**running(node0_record("n1", "127.0.0.1", 0)), "job": {"run_id": "other"}}
+    (tmp_path / "summary.json").write_text(json.dumps(other))
+    assert unfinished(str(tmp_path), record) == judged

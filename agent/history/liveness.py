@@ -54,11 +54,15 @@ def state(summary: Summary | Mapping[str, Any] | None) -> str:
     return RUNNING if alive(doc.node0) else KILLED
 
 
-def unfinished(log_dir: str) -> tuple[str, str] | None:
+def unfinished(log_dir: str, record: Mapping[str, Any] | None = None) -> tuple[str, str] | None:
     """LOG_DIR's job when its summary.json is still its running record: (RUNNING or KILLED, one
-    line that says so, naming the job); None when it has its verdict, or nothing to judge."""
-    record = _record(LogDir(log_dir).summary)
+    line that says so, naming the job); None when it has its verdict, or nothing to judge.
+    `record`: summary.json as the caller has read it already (not read again)."""
     if record is None:
+        record = _record(LogDir(log_dir).summary)
+    if record is None or record.get("status") != RUNNING:
+        # Only a running record is judged: a verdict's summary is not parsed here (32,768
+        # ranks' records: 0.6 s of `agent logs --summary`, which parses them once to show them)
         return None
     summary = read_summary(record)
     judged = state(summary)

@@ -84,15 +84,17 @@ def read_json(path: str) -> Any:
 
 
 def too_deep(value: Any, limit: int) -> bool:
-    """Whether lists and dicts nest more than `limit` levels (iterative: no recursion)."""
-    stack = [(value, 1)]
+    """Whether lists and dicts nest more than `limit` levels (iterative: no recursion). Only
+    containers are stacked, by exact type (json.loads makes no subclasses): a 32,768-rank
+    summary.json's 400,000 values took 0.25 s to walk, most of it in isinstance."""
+    stack = [(value, 1)] if type(value) in _CONTAINERS else []
     while stack:
         item, depth = stack.pop()
-        if isinstance(item, dict):
-            item = list(item.values())
-        elif not isinstance(item, list):
-            continue
         if depth > limit:
             return True
-        stack.extend((child, depth + 1) for child in item if isinstance(child, (list, dict)))
+        children = item.values() if type(item) is dict else item
+        stack.extend((child, depth + 1) for child in children if type(child) in _CONTAINERS)
     return False
+
+
+_CONTAINERS = frozenset({dict, list})

@@ -141,7 +141,7 @@ def show_summary(command: LogsCommand, out: BinaryIO, colour: bool) -> int:
         )
     if not isinstance(summary, dict):
         raise AgentError(f"{path} is not a JSON object")
-    judged = unfinished(command.log_dir)
+    judged = unfinished(command.log_dir, summary)
     if judged is not None:  # its record from the start: still running, or killed before its end
         out.write(f"{judged[1]}\n{_not_over(judged[0], command.log_dir)}\n".encode())
         out.flush()
