@@ -39,6 +39,7 @@ def test_the_compact_layout_reads_back_as_written(tmp_path, data, expected) -> N
         ({"b": {"y": 1, "x": [RANK]}, "a": "é ☃"}, {"a": "é ☃", "b": {"x": [RANK], "y": 1}}),
         ({"huge": 2**70, "a": 1}, {"a": 1, "huge": 2**70}),  # beyond 64 bits: json again
         ({"z": None, "y": True, "x": 0.1}, {"x": 0.1, "y": True, "z": None}),
+        ({"lone": "\udcff", "é": 1}, {"lone": "\udcff", "é": 1}),  # no UTF-8 for it: escaped
     ],
 )
 def test_the_readable_layout_is_sorted_indented_and_reads_back(tmp_path, data, expected) -> None:

@@ -41,7 +41,10 @@ def write_json(path: str, data: Any, **dump: Any) -> None:
     tmp = f"{path}.tmp-{os.getpid()}"
     encoded = _by_orjson(data, dump)
     if encoded is None:
-        encoded = json.dumps(data, **dump).encode()
+        try:
+            encoded = json.dumps(data, **dump).encode()
+        except UnicodeEncodeError:  # a lone surrogate (a config's "\udcff"): escaped instead
+            encoded = json.dumps(data, **{**dump, "ensure_ascii": True}).encode()
     with open(tmp, "wb") as f:
         f.write(encoded)
         f.write(b"\n")
