@@ -103,6 +103,27 @@ def test_roster_and_lineup_round_trip_through_json():
     assert [roster.role(a) for a in range(4)] == ["node", "out", "spare", "node"]
 
 
+@pytest.mark.parametrize(
+    ("roster", "spares", "ranks"),
+    [
+        (Roster((0, 1, 2)), False, {0: 0, 1: 1, 2: 2}),
+        # a spare took node 1's place: it has that node rank; the excluded agent has none
+        (Roster((0, 3, 2), (4,), (Exclusion(1, "n1", "lost", 1),)), False, {0: 0, 3: 1, 2: 2}),
+        (
+            Roster((0, 3, 2), (4,), (Exclusion(1, "n1", "lost", 1),)),
+            True,
+            {0: 0, 3: 1, 2: 2, 4: None},
+        ),
+        (Roster((0,), (1, 2)), True, {0: 0, 1: None, 2: None}),
+        (Roster((0,), (1, 2)), False, {0: 0}),
+    ],
+)
+def test_ranks_by_agent_are_the_positions_in_the_roster(roster, spares, ranks):
+    found = roster.ranks_by_agent(spares=spares)
+    assert found == ranks
+    assert list(found) == list(roster.members() if spares else roster.nodes)
+
+
 def _world(node: int = 0, nnodes: int = 4, task: Task | None = None) -> World:
     return World(
         "slurm", "7", "0", nnodes, node, tuple(HOSTS[:nnodes]), HOSTS[node], "n0", None, task

@@ -151,8 +151,8 @@ class Run:
             if role == "spare":
                 decision = self._stand_by(scope, prepared, attempt)
             else:
-                active = {agent: rank for rank, agent in enumerate(roster.nodes)}
-                seat.enter(scope, active)
+                # Only node 0 reports lost peers: the others need no map of N nodes.
+                seat.enter(scope, roster.ranks_by_agent() if leader else None)
                 coordinator = (
                     self._coordinator(prepared, scope, attempt, roster) if leader else None
                 )

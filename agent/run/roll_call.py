@@ -57,7 +57,7 @@ class RollCall:
         0): the agents out of the job → why, asked again while the health reports come in."""
         seat, scope = self.seat, self.scope
         # Node 0: a member lost mid-round fails this round (waking the gather), not an attempt.
-        seat.enter(scope, _ranks_of(self.roster) if seat.leader else None)
+        seat.enter(scope, self.roster.ranks_by_agent(spares=True) if seat.leader else None)
         health = self.examine()
         if health is not None:
             post_health(scope, health, len(self.roster.members()))
@@ -151,14 +151,6 @@ class RollCall:
                 return Lineup(0, new, end=end)
         ranks = seat.serve_workers()
         return Lineup(ranks.port, new, replanned, agent_store=ranks.agent_store)
-
-
-def _ranks_of(roster: Roster) -> dict[int, int | None]:
-    """Every member → its node rank (spares: None), for the records of lost members."""
-    return {
-        agent: roster.nodes.index(agent) if agent in roster.nodes else None
-        for agent in roster.members()
-    }
 
 
 def _cause(how: str, roster: Roster, agent: int, hosts: list[str]) -> Failure:
