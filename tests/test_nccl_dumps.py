@@ -23,12 +23,15 @@ for _ in range(3):
     dist.all_reduce(torch.ones(4))
 dist.all_reduce(torch.ones(2, 3), group=pair)
 # gloo marks a collective completed from its future's callback, which may run after all_reduce
-# has returned: dump once every entry says so (CI once caught the third still "started").
+# has returned: dump once every group's status says so (CI once caught the third not yet). The
+# status, not each entry's state: torch 2.13 leaves a one-rank gloo group's entries "scheduled"
+# for good, and waiting on those cost this test its whole deadline.
 deadline = time.monotonic() + 60
 while True:
     dump = torch._C._distributed_c10d._dump_fr_trace(True, False)
-    states = [entry["state"] for entry in pickle.loads(dump)["entries"]]
-    if all(state == "completed" for state in states) or time.monotonic() > deadline:
+    status = pickle.loads(dump)["pg_status"].values()
+    done = all(s["last_completed_collective"] == s["last_enqueued_collective"] for s in status)
+    if done or time.monotonic() > deadline:
         break
     time.sleep(0.01)
 open(sys.argv[1], "wb").write(dump)
