@@ -39,6 +39,10 @@ GENUINE = beat(1, 10)
         (beat(1, 9), 10, "replay"),  # an older genuine beat written back
         (b"", 10, "deleted"),  # the key deleted (torch's server reads it as empty)
     ],
+    # sealed values are random: ids that do not name them, so every collection (each pytest-xdist
+    # worker's) finds the same tests
+    ids=["newer", "unchanged", "bumped", "garbage", "other-secret", "other-sender",
+         "node-0s-copied", "older", "deleted"],  # fmt: skip
 )
 def test_only_a_newer_sealed_beat_of_the_peer_counts(second, seq, why) -> None:
     beats = Beats(KEYS, NAMES)
