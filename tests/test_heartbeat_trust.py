@@ -41,8 +41,7 @@ GENUINE = beat(1, 10)
     ],
     # sealed values are random: ids that do not name them, so every collection (each pytest-xdist
     # worker's) finds the same tests
-    ids=["newer", "unchanged", "bumped", "garbage", "other-secret", "other-sender",
-         "node-0s-copied", "older", "deleted"],  # fmt: skip
+    ids=["newer", "same", "bumped", "garbage", "other-key", "sender", "copied", "older", "gone"],
 )
 def test_only_a_newer_sealed_beat_of_the_peer_counts(second, seq, why) -> None:
     beats = Beats(KEYS, NAMES)
