@@ -8,7 +8,6 @@ unit layer unmarked; tests that start agents some other way carry the mark thems
 
 from __future__ import annotations
 
-import os
 import signal
 import sys
 from pathlib import Path
@@ -29,24 +28,12 @@ from slurm_local import slurm  # noqa: E402, F401  (the real local Slurm, for th
 LAYER_FIXTURES = {"cluster_factory": ("e2e",), "slurm": ("e2e", "slurm")}
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(config, items) -> None:
     for item in items:
         for fixture, marks in LAYER_FIXTURES.items():
             if fixture in getattr(item, "fixturenames", ()):
                 for mark in marks:
                     item.add_marker(mark)
-        if item.get_closest_marker("slurm"):
-            # One worker runs every Slurm test, one after the other: the local cluster has 2
-            # nodes, and a second salloc would wait for the first's in its test's time.
-            item.add_marker(pytest.mark.xdist_group("slurm"))
-
-
-def pytest_xdist_auto_num_workers(config) -> int:
-    """`-n auto` (pyproject.toml): one worker per core, at most 4. The e2e tests start agents
-    and ranks that spend half their time waiting; more workers than cores would stretch the
-    hang and timeout tests' own clocks."""
-    return max(1, min(len(os.sched_getaffinity(0)), 4))
 
 
 @pytest.fixture
