@@ -177,13 +177,16 @@ def test_a_verdict_overwritten_again_and_again_still_reaches_node_1(cluster_fact
     """Node 0 writes the verdict once; an outsider writes garbage over it again and again. Node
     1, past the garbage, reads the copy node 0 wrote with it under a name derived from the
     secret (before: it never caught the verdict sealed and ended as tampering, exit 4): the job
-    ends 0 on both nodes, the garbage named once."""
-    done = tmp_path / "done"
+    ends 0 on both nodes, the garbage named once. Node 1's rank ends first, so node 1 meets the
+    garbage before node 0 can have written anything there (a race the test once lost)."""
+    done, last = tmp_path / "done", tmp_path / "last"
     args = ["--nproc-per-node", "1", FIXTURE, "--until-file", str(done)]
-    cluster = cluster_factory(2).start([*args, "--ready-to", str(tmp_path)])
+    args += ["--rank0-until-file", str(last), "--ready-to", str(tmp_path)]
+    cluster = cluster_factory(2).start(args)
     wait_for(lambda: len(list(tmp_path.glob("ready-*"))) == 2, 60, "both ranks to start")
     store = outsider(cluster)
     key = job_namespace(store) + "r0/a0/verdict"
+    store.set(key, b"garbage")  # in place before node 1 can look
     stop = threading.Event()
 
     def overwrite() -> None:
@@ -196,7 +199,10 @@ def test_a_verdict_overwritten_again_and_again_still_reaches_node_1(cluster_fact
     writer = threading.Thread(target=overwrite, daemon=True)
     writer.start()
     try:
-        done.touch()
+        done.touch()  # node 1's rank ends; node 0's runs on, so no verdict exists yet
+        refused = f"refusing verdict at {key}"
+        wait_for(lambda: refused in cluster.agents[1].stderr(), 60, "node 1 to meet the garbage")
+        last.touch()
         start = time.monotonic()
         codes = cluster.wait(60)
         took = time.monotonic() - start
@@ -206,6 +212,6 @@ def test_a_verdict_overwritten_again_and_again_still_reaches_node_1(cluster_fact
     assert codes == [0, 0], cluster.dump()
     err = cluster.agents[1].stderr()
     assert "store tampering suspected" not in err, cluster.dump()
-    assert f"refusing verdict at {key}" in err, cluster.dump()
+    assert err.count(refused) == 1, cluster.dump()
     print(f"done -> every agent out: {took:.2f}s")
     assert took <= 30, f"{took:.1f}s\n{cluster.dump()}"
