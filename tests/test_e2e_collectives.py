@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from cluster import REPO, base_env, wait_for
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.solo]  # hang and pace clocks from the ranks' start
 
 JOB = str(REPO / "tests" / "fixtures" / "deadlock_job.py")
 LOAD_AT = next(  # where load_batch waits

@@ -131,6 +131,7 @@ def test_q_says_the_rank_ends_in_bdbquit_and_it_does(cluster_factory):
     assert cause["rank"] == 1 and "BdbQuit" in str(cause), cause
 
 
+@pytest.mark.solo
 def test_a_paused_rank_is_not_a_hang(cluster_factory):
     # rank 0 waits silently for rank 1, paused: both quiet far beyond --hang-timeout
     cluster = cluster_factory(2).start(["--hang-timeout", "3", "--hang-warning", "2", JOB])

@@ -13,7 +13,7 @@ import time
 import pytest
 from cluster import REPO, base_env, job_processes, wait_for
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.solo]  # hang and pace clocks from the ranks' start
 
 STUCK = str(REPO / "tests" / "fixtures" / "stuck_job.py")
 RANK = str(REPO / "tests" / "fixtures" / "rank.py")

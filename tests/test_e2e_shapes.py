@@ -104,6 +104,7 @@ HANGS = [
 ]
 
 
+@pytest.mark.solo
 @pytest.mark.parametrize(("nodes", "nproc", "roles", "running", "exited"), HANGS)
 def test_stacks_then_a_hang_from_the_ranks_still_running(
     cluster_factory, nodes, nproc, roles, running, exited
@@ -126,6 +127,7 @@ def test_stacks_then_a_hang_from_the_ranks_still_running(
     assert _groups((cluster.log_dir / "stacks-a0.txt").read_text()) == _ranks(running)
 
 
+@pytest.mark.solo
 def test_a_resident_run_on_warm_ranks_hangs_after_node_0s_ranks_exited(tmp_path):
     serving = Serving(tmp_path, 2).start().ready()
     try:
@@ -172,6 +174,7 @@ def test_run_attach_opens_a_rank_that_paused_after_node_0s_ranks_exited(tmp_path
         serving.kill()
 
 
+@pytest.mark.solo
 def test_a_spare_seated_after_a_loss_is_judged_like_any_node(cluster_factory):
     args = [
         "--spares",
@@ -252,6 +255,7 @@ def _scrape(url: str) -> dict[str, dict[tuple, float]]:
     return found
 
 
+@pytest.mark.solo
 def test_progress_and_a_straggler_outlive_node_0s_ranks(cluster_factory):
     """Node 0 steps every 0.2 s and ends after 2.4 s; node 1 steps every 0.4 s for 8.8 s: its
     progress age stays that of its own lines, its straggler episode lasts until its end."""
@@ -283,6 +287,7 @@ def test_progress_and_a_straggler_outlive_node_0s_ranks(cluster_factory):
     assert 'phase="exit_skew"' in prom and 'phase="teardown"' not in prom, prom
 
 
+@pytest.mark.solo
 def test_exit_skew_is_said_once_naming_the_ranks_still_running(cluster_factory):
     cluster = cluster_factory(2).start(
         ["--hang-warning", "2", SHAPES], env={"ROLES": "done,late:6"}

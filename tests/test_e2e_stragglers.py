@@ -9,7 +9,7 @@ import sys
 import pytest
 from cluster import FIXTURE, base_env
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.solo]  # hang and pace clocks from the ranks' start
 
 STEP = r"step (?P<step>\d+)"
 
