@@ -118,11 +118,13 @@ def test_a_forged_verdict_leaves_a_restartable_job_restarting(cluster_factory, t
     assert "refusing verdict" in cluster.agents[1].stderr(), cluster.dump()
 
 
+@pytest.mark.solo  # a --heartbeat-timeout clock, and a loop that keeps a core busy against it
 def test_a_hung_node_is_lost_in_time_while_an_outsider_keeps_its_beat_moving(
     cluster_factory, tmp_path
 ):
     """The heartbeat's path: a stopped agent keeps its lifeline open (a killed one is lost at
-    once by it: tests/test_e2e_lifeline.py), so only sealed beats can tell."""
+    once by it: tests/test_e2e_lifeline.py), so only sealed beats can tell. The tampering earns
+    node 1 one more --heartbeat-timeout (a delay), never a life: lost after ~2 timeouts."""
     timeout = 3.0
     args = ["--nproc-per-node", "1", "--heartbeat-timeout", str(timeout)]
     cluster = cluster_factory(2).start(
@@ -141,11 +143,11 @@ def test_a_hung_node_is_lost_in_time_while_an_outsider_keeps_its_beat_moving(
         store.set(key, b"garbage")
         store.set(key, recorded)  # an old genuine beat, written back
         rounds += 1
-        assert time.monotonic() - killed < 30, cluster.dump()
-    took = time.monotonic() - killed
-    # Kept alive by the outsider, node 1 would never be lost (the loop's 30 s). Measured 2.8-3.65 s
-    # (BENCHMARKS.md); 5.9 s once in CI with this loop hammering the store on the same 2 cores.
-    assert took <= timeout + 12, f"lost after {took:.1f}s\n{cluster.dump()}"
+        took = time.monotonic() - killed
+        # Kept alive by the outsider, node 1 would never be lost. Expected: two timeouts and a
+        # tick, ~7 s; 5.9 s and 17.8 s seen in CI with this loop hammering node 0's store on the
+        # same 2 cores as the other test worker (now kept off by `solo`). 60 s only catches a life.
+        assert took < 20 * timeout, f"not lost after {took:.1f}s\n{cluster.dump()}"
     assert rounds > 1
     os.kill(cluster.agents[1].proc.pid, signal.SIGKILL)  # the hung agent is out: end it
     assert cluster.wait(60)[0] != 0
