@@ -121,3 +121,18 @@ def test_cpu_per_agent_against_1024_plain_and_per_unit_of_reference_work(
     named = {t.name: t for t in scale.summarize({"rows": rows, "idle_s": 5.0})[1]}
     judged = named["… per unit of the reference work's CPU"]
     assert judged.ok == (None if per_reference is None else per_reference <= 1.2)
+
+
+@pytest.mark.parametrize(
+    ("ops", "shown"),
+    [
+        # node 0's process, then one light process's agents (per agent): beats counted apart
+        ([{"Thread check": 38.0}, {"Thread check": 14.0, "Thread connect": 3.0,
+          "heartbeat set": 4.95, "heartbeat check": 1.0}], "17.0 + 6.0 beats"),
+        ([{}, {"Thread wait": 6.0}], "6.0 + 0.0 beats"),
+        ([{"Thread check": 38.0}, {}], "n/a"),
+        (None, "n/a"),
+    ],
+)  # fmt: skip
+def test_store_queries_to_start_are_one_other_agent_s_with_its_beats_apart(ops, shown) -> None:
+    assert scale._queries({"n": 1024, "startup_ops": ops}) == shown

@@ -98,6 +98,7 @@ COLUMNS = [
     ("CPU to start, per agent", lambda r: _per_agent(r, "startup_cpu_s")),
     ("… less idle × start time", lambda r: _beyond_idle(r)),
     ("reference work's CPU", lambda r: _ms(r.get("reference_cpu_ms"))),
+    ("store queries to start, per agent", lambda r: _queries(r)),
     ("node 0 idle CPU", lambda r: _pct(r.get("leader_cpu_pct"))),
     ("node 0 fds", lambda r: str(r.get("leader_fd_count", "n/a"))),
     ("abort → all saw it", lambda r: secs(r.get("fanout_s"), 3)),
@@ -118,6 +119,17 @@ def _ms(value: float | None) -> str:
 def _per_agent(row: dict[str, Any], key: str) -> str:
     cpu = row.get(key)
     return "n/a" if cpu is None else f"{1000 * cpu / row['n']:.2f} ms"
+
+
+def _queries(row: dict[str, Any]) -> str:
+    """What one agent other than node 0 asked of the store from release to ranks started
+    (queries and connects, the mean of one light process's agents), its heartbeats apart: they
+    are paced by the clock, so a start that 2 cores make long has more of them."""
+    ops = row.get("startup_ops")
+    if not ops or not ops[1]:
+        return "n/a"
+    beats = sum(v for k, v in ops[1].items() if k.startswith("heartbeat "))
+    return f"{sum(ops[1].values()) - beats:.1f} + {beats:.1f} beats"
 
 
 def _beyond_idle(row: dict[str, Any]) -> str:
@@ -177,8 +189,11 @@ def summarize(data: dict[str, Any]) -> tuple[list[Table], list[Target], dict[str
         "every agent once right after it joined, under the start's load (median CPU); its "
         "growth from 1,024 agents to N is what N agents sharing 2 cores add to every "
         "operation (threads, processes, caches), not what an agent does more of; it is taken "
-        "out of the start's CPU",
-        "--heartbeat-timeout 6 s (the default) up to 1,024 agents, 60 s above (thousands of "
+        "out of the start's CPU; 'store queries to start': what one agent other than node 0 "
+        "sent node 0's store from release to ranks started (every query and connect, the "
+        "mean of one light process's agents), its heartbeats apart (one every 2 s at 1,024, "
+        "8 s at 4,096: their number follows the start's wall time)",
+        "--heartbeat-timeout 6 s (the default) up to 256 agents, 60 s above (thousands of "
         "agent threads on 2 cores can keep one from running for more than 6 s); above 3,948 "
         "agents the others' failure reports share their main connection (node 0 serves 4 "
         "connections per agent instead of 5: 5 would pass this machine's 20,000 fds)",

@@ -359,7 +359,10 @@ TOPOLOGY: Any = None
 BY_THREAD: dict[int, Slot] = {}  # agent thread → its slot
 PROFILE_DIR = os.environ.get("LA_SCALE_PROFILE")
 # LA_SCALE_OPS=1: count the store queries each kind of thread sends (node 0's process and one
-# process of others), from the driver's idle window to the abort: who keeps node 0's store busy
+# process of others), from the release to the ranks started (per agent: does an agent's start
+# ask more of the store at 4,096 than at 1,024?) and from the driver's idle window to the abort
+# (a second: who keeps node 0's store busy). Connects and handshakes that went unanswered count
+# as "connect" and "silent handshake".
 OPS: collections.Counter[tuple[str, str]] | None = (
     collections.Counter() if os.environ.get("LA_SCALE_OPS") else None
 )
@@ -367,19 +370,32 @@ OP_NAMES = {1: "set", 3: "get", 4: "add", 5: "check", 6: "wait", 10: "multi_get"
 
 
 def _count_ops() -> None:
+    from agent.node import store_client
     from agent.node.store_client import StoreClient
 
-    send = StoreClient._send
+    send, handshake = StoreClient._send, StoreClient._handshake
 
-    def counting(self: StoreClient, data: bytes) -> None:
+    def count(op: str) -> None:
         assert OPS is not None
         kind = "".join(
             ch for ch in threading.current_thread().name.split(" (")[0] if not ch.isdigit()
         )
-        OPS[(kind.rstrip("-"), OP_NAMES.get(data[0], str(data[0])))] += 1
+        OPS[(kind.rstrip("-"), op)] += 1
+
+    def counting(self: StoreClient, data: bytes) -> None:
+        count(OP_NAMES.get(data[0], str(data[0])))
         send(self, data)
 
+    def shaking(self: StoreClient, timeout: float) -> None:
+        count("connect")
+        try:
+            handshake(self, timeout)
+        except store_client._Silent:
+            count("silent handshake")
+            raise
+
     StoreClient._send = counting  # type: ignore[method-assign]
+    StoreClient._handshake = shaking  # type: ignore[method-assign]
 
 
 if OPS is not None:
@@ -528,8 +544,13 @@ def main(argv: list[str]) -> int:
             continue
         if words[0] == "go":
             threads_at_go, cpu_at_go = thread_cpu(), time.process_time()
+            if OPS is not None:
+                OPS.clear()
             go.set()
             ok = MARKS.wait_until(lambda: settled("spawned_at"), WAIT)
+            start_ops = {}
+            if OPS is not None and (role == "leader" or lo == 1):  # per agent of this process
+                start_ops = {f"{k} {o}": round(c / len(slots), 2) for (k, o), c in OPS.items()}
             emit(
                 spawned=ok,
                 joined=[s.joined for s in slots],
@@ -547,6 +568,7 @@ def main(argv: list[str]) -> int:
                 by_thread=cpu_by_kind(threads_at_go, cpu_at_go)
                 if role == "leader" or lo == 1
                 else {},
+                ops=start_ops,
             )
         elif words[0] == "count" and OPS is not None:  # the driver's idle window begins
             OPS.clear()

@@ -158,6 +158,8 @@ def measure(n: int, work: Path, idle_s: float, log) -> dict[str, Any]:
     env = c.base_env(
         TORCH_CPP_LOG_LEVEL="ERROR",
         LA_SCALE_SHARED_REPORTS="1" if shared else "0",
+        # the store queries each agent sends, counted (a few µs of its ~60 queries' CPU)
+        LA_SCALE_OPS=os.environ.get("LA_SCALE_OPS", "1"),
         LA_SCALE_HEARTBEAT_TIMEOUT=os.environ.get(
             "LA_SCALE_HEARTBEAT_TIMEOUT", str(heartbeat_timeout(n))
         ),
@@ -222,6 +224,10 @@ def measure(n: int, work: Path, idle_s: float, log) -> dict[str, Any]:
         out["errors"] = errors[:5]
         # CPU seconds by thread kind from release to ranks started: node 0, one process of others
         out["startup_threads"] = [spawned[0].get("by_thread"), spawned[1].get("by_thread")]
+        if spawned[1].get("ops"):  # LA_SCALE_OPS: store queries per agent, release → started
+            out["startup_ops"] = [spawned[0]["ops"], spawned[1]["ops"]]
+            log(f"scale {n}: store queries per agent from release to ranks started: node 0 "
+                f"{spawned[0]['ops']}; one process of others {spawned[1]['ops']}")  # fmt: skip
         out["leader_fds"] = spawned[0].get("fds")
         out["follower_fds"] = [s.get("fds") for s in spawned[1:]]
         out["threads"] = [s.get("threads") for s in spawned]
