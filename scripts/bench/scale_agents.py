@@ -370,8 +370,7 @@ OP_NAMES = {1: "set", 3: "get", 4: "add", 5: "check", 6: "wait", 10: "multi_get"
 
 
 def _count_ops() -> None:
-    from agent.node import store_client
-    from agent.node.store_client import StoreClient
+    from agent.node.store_client import ProtocolMismatch, StoreClient
 
     send, handshake = StoreClient._send, StoreClient._handshake
 
@@ -390,7 +389,7 @@ def _count_ops() -> None:
         count("connect")
         try:
             handshake(self, timeout)
-        except store_client._Silent:
+        except ProtocolMismatch:  # here: no answer in time (a mismatch is never retried)
             count("silent handshake")
             raise
 
