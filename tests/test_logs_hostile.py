@@ -362,6 +362,7 @@ def test_agent_log_lines_claiming_absurd_ranks_are_ignored(line) -> None:
         ("line\u2028break", "line\\u2028break"),
         ("\ud800", "\\ud800"),
         ("ünïcödé 名前", "ünïcödé 名前"),
+        ("no\xa0break\u3000space", "no\xa0break\u3000space"),  # not printable, yet harmless
         (["x", 1], "['x', 1]"),
         ("x" * 300, "x" * 256 + "…"),
     ],

@@ -46,6 +46,8 @@ ROWS = {
         (("3", "n2", "1", "odd", "", "0.0"), ""),
     ],
     "wide characters": [(("0", "日本語ホスト", "0", "?", "\\x1b[31m", "-"), "")],
+    # not ASCII, so measured by rich: one cell each, a combining accent and a zero-width space
+    "accents and zero widths": [(("0", "nœud-ü", "0", "e\u0301tat", "a\u200bb", "1.0"), "")],
     "long title": [(("0", "n", "0", "s", "h", "1"), "")],
 }
 

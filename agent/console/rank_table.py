@@ -44,7 +44,10 @@ class RankTable:
         is wider than `width` (rich then wraps cells: print `table()` instead)."""
         from rich.cells import cell_len
 
-        sizes = [[cell_len(cell) for cell in cells] for cells, _ in self.rows]
+        def cells_of(text: str) -> int:  # printable ASCII: a cell a character, as rich counts
+            return len(text) if text.isascii() and text.isprintable() else cell_len(text)
+
+        sizes = [[cells_of(cell) for cell in cells] for cells, _ in self.rows]
         header = self.header
         widths = [len(h) for h in header]
         for row in sizes:

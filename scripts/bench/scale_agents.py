@@ -573,14 +573,27 @@ def main(argv: list[str]) -> int:
             OPS.clear()
             ops_since = time.monotonic()
         elif words[0] == "abort":
+            sampled = role == "leader" or lo == 1
+            ops = {}
+            if OPS is not None and sampled:  # the idle window's queries, a second
+                span = time.monotonic() - ops_since
+                ops = {f"{k} {o}": round(n / span, 1) for (k, o), n in OPS.most_common(12)}
+                OPS.clear()
+            threads_at_abort, cpu_at_abort = thread_cpu(), time.process_time()
             target = by_index.get(int(words[1]))
             failed_at = target.node.fail() if target is not None else None
             ok = MARKS.wait_until(lambda: settled("seen_at"), WAIT)
-            ops = {}
-            if OPS is not None and (role == "leader" or lo == 1):
-                span = time.monotonic() - ops_since
-                ops = {f"{k} {o}": round(n / span, 1) for (k, o), n in OPS.most_common(12)}
-            emit(seen=ok, failed_at=failed_at, at=[s.node.seen_at for s in slots], ops=ops)
+            abort_ops = {}
+            if OPS is not None and sampled:  # per agent of this process, abort → seen
+                abort_ops = {f"{k} {o}": round(c / len(slots), 2) for (k, o), c in OPS.items()}
+            emit(
+                seen=ok,
+                failed_at=failed_at,
+                at=[s.node.seen_at for s in slots],
+                ops=ops,
+                abort_ops=abort_ops,
+                by_thread=cpu_by_kind(threads_at_abort, cpu_at_abort) if sampled else {},
+            )
         elif words[0] == "release":
             threads_at_release, cpu_at_release = thread_cpu(), time.process_time()
             RELEASED.set()

@@ -296,6 +296,13 @@ def measure(n: int, work: Path, idle_s: float, log) -> dict[str, Any]:
         cpu_before = [p.cpu() for p in agents]
         seen = [p.expect("seen", 120) for p in agents]
         out["abort_cpu_s"] = sum(p.cpu() for p in agents) - sum(cpu_before)
+        # CPU seconds by thread kind, and store queries per agent, from the abort to all seen
+        out["abort_threads"] = [seen[0].get("by_thread"), seen[1].get("by_thread")]
+        if seen[1].get("abort_ops"):
+            out["abort_ops"] = [seen[0]["abort_ops"], seen[1]["abort_ops"]]
+        log(f"scale {n}: from the abort to every agent's teardown, CPU by thread: node 0 "
+            f"{seen[0].get('by_thread')}; one process of others {seen[1].get('by_thread')}; "
+            f"its store queries per agent {seen[1].get('abort_ops')}")  # fmt: skip
         if seen[0].get("ops"):  # LA_SCALE_OPS: queries a second before the abort, by thread kind
             out["idle_ops_per_s"] = [seen[0]["ops"], seen[1]["ops"]]
             log(f"scale {n}: store queries a second, node 0 {seen[0]['ops']}; one process of "
