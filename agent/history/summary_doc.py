@@ -340,7 +340,7 @@ def _time(value: Any) -> float | None:
 
 def _str(value: Any) -> str:
     """Text: a string as it is, a number as its digits, anything else ""."""
-    if type(value) is str or isinstance(value, str):
+    if isinstance(value, str):
         return value
     if isinstance(value, int | float) and not isinstance(value, bool):
         return str(value)

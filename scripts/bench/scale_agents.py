@@ -529,6 +529,8 @@ def main(argv: list[str]) -> int:
         lo, hi = int(argv[4]), int(argv[5])
         slots = [Slot(world_of(n, i, port, hosts)) for i in range(lo, hi)]
         threads = [threading.Thread(target=s.run, args=(go,), daemon=True) for s in slots]
+    # node 0's process and the first of the others report by thread kind (names, CPU, queries)
+    sampled = role == "leader" or lo == 1
     for thread in threads:
         thread.start()
     emit(ready=os.getpid(), agents=len(slots), fd_limit=limit, imports_s=imports)
@@ -548,7 +550,7 @@ def main(argv: list[str]) -> int:
             go.set()
             ok = MARKS.wait_until(lambda: settled("spawned_at"), WAIT)
             start_ops = {}
-            if OPS is not None and (role == "leader" or lo == 1):  # per agent of this process
+            if OPS is not None and sampled:  # per agent of this process
                 start_ops = {f"{k} {o}": round(c / len(slots), 2) for (k, o), c in OPS.items()}
             emit(
                 spawned=ok,
@@ -559,21 +561,16 @@ def main(argv: list[str]) -> int:
                 errors=[s.error for s in slots if s.error][:5],
                 fds=fd_kinds(),
                 threads=threading.active_count(),
-                names={t.native_id: t.name for t in threading.enumerate()}
-                if role == "leader" or lo == 1
-                else {},
+                names={t.native_id: t.name for t in threading.enumerate()} if sampled else {},
                 cpu=_phase_cpu(slots),
                 reference=[s.cpu.get("reference") for s in slots],
-                by_thread=cpu_by_kind(threads_at_go, cpu_at_go)
-                if role == "leader" or lo == 1
-                else {},
+                by_thread=cpu_by_kind(threads_at_go, cpu_at_go) if sampled else {},
                 ops=start_ops,
             )
         elif words[0] == "count" and OPS is not None:  # the driver's idle window begins
             OPS.clear()
             ops_since = time.monotonic()
         elif words[0] == "abort":
-            sampled = role == "leader" or lo == 1
             ops = {}
             if OPS is not None and sampled:  # the idle window's queries, a second
                 span = time.monotonic() - ops_since
@@ -611,9 +608,7 @@ def main(argv: list[str]) -> int:
                 left=[s.left for s in slots],
                 codes=collections.Counter(str(s.code) for s in slots),
                 errors=[s.error for s in slots if s.error][:5],
-                by_thread=cpu_by_kind(threads_at_release, cpu_at_release)
-                if role == "leader" or lo == 1
-                else {},
+                by_thread=cpu_by_kind(threads_at_release, cpu_at_release) if sampled else {},
             )
             break
     sys.stdout.flush()
