@@ -216,6 +216,25 @@ RELEASED = (
 )
 
 
+def _zygote_of(agent: psutil.Process) -> psutil.Process:
+    """The agent's warm interpreter. A rank it has just forked ahead of a run shows the same
+    command line until it retitles itself (`agent-standby-rank`), so this waits for one."""
+    found: list[psutil.Process] = []
+
+    def one() -> bool:
+        found.clear()
+        for child in agent.children():
+            try:
+                if "zygote_main.py" in " ".join(child.cmdline()):
+                    found.append(child)
+            except psutil.Error:  # gone meanwhile
+                pass
+        return len(found) == 1
+
+    wait_for(one, 30, "one warm interpreter among the agent's children")
+    return found[0]
+
+
 def test_warm_ranks_outlive_a_killed_zygote(tmp_path):
     """SIGKILL of the zygote mid-run: the warm ranks (the agent's own children) run on and
     finish, the run succeeds with their last lines on the console and in their log files, the
@@ -234,7 +253,7 @@ def test_warm_ranks_outlive_a_killed_zygote(tmp_path):
         assert all(s["warm"] for s in started), started
         ranks = [psutil.Process(s["pid"]) for s in started]
         assert [r.ppid() for r in ranks] == [agent.pid] * 2, "adopted by the agent"
-        [zygote] = [p for p in agent.children() if "zygote_main.py" in " ".join(p.cmdline())]
+        zygote = _zygote_of(agent)
         zygote.kill()
         wait_for(lambda: not psutil.pid_exists(zygote.pid), 30, "the agent to reap the zygote")
         assert all(r.is_running() for r in ranks), "the ranks run on"
@@ -256,7 +275,7 @@ def test_warm_ranks_outlive_a_killed_zygote(tmp_path):
         again = one.call("run", str(script), str(where))
         assert again.returncode == 0, again.stderr
         assert json.loads((where / "started-0").read_text())["warm"], again.stderr
-        [fresh] = [p for p in agent.children() if "zygote_main.py" in " ".join(p.cmdline())]
+        fresh = _zygote_of(agent)
         assert fresh.pid != zygote.pid
         gone = f"the warm interpreter (pid {zygote.pid}) is gone (killed by SIGKILL)"
         assert gone in again.stderr, again.stderr
@@ -277,7 +296,7 @@ def test_status_follows_the_warm_interpreter_between_runs(tmp_path):
 
         wait_for(lambda: shown("warm"), 60, "status to say warm")
         agent = psutil.Process(one.agents[0].proc.pid)
-        [zygote] = [p for p in agent.children() if "zygote_main.py" in " ".join(p.cmdline())]
+        zygote = _zygote_of(agent)
         zygote.kill()
         wait_for(lambda: shown("cold"), 30, "status to say cold once the interpreter died")
     finally:

@@ -115,6 +115,70 @@ def test_several_step_lines_in_one_read_count_the_latest_step(tmp_path) -> None:
     assert clock.step == 4
 
 
+def _fed_in_reads(tmp_path, pattern: str, reads: list[bytes]) -> list[tuple[int | None, int]]:
+    """Feeds a router one write per read (each read waited for), then EOF; after each read and
+    after the end, rank 0's clock as (step, progress lines seen)."""
+    from agent.plan.options import progress_pattern
+
+    router = LogRouter(io.BytesIO(), io.BytesIO(), progress=progress_pattern(pattern))
+    read_end, write_end = os.pipe()
+    state = router.add(read_end, Stream(0, "out", str(tmp_path / "r.out"), b"h:0: ", True))
+    seen, sent = [], 0
+    for data in reads:
+        os.write(write_end, data)
+        sent += len(data)
+        deadline = time.monotonic() + 10
+        while state.bytes < sent:  # read by the router: the next write is a read of its own
+            assert time.monotonic() < deadline, "router stopped reading"
+            time.sleep(0.001)
+        clock = router.clocks()[0]
+        seen.append((clock.step, clock.lines))
+    os.close(write_end)
+    assert state.done.wait(30)
+    router.close()
+    clock = router.clocks()[0]
+    return [*seen, (clock.step, clock.lines)]
+
+
+STEP = r"step (?P<step>\d+)"
+
+
+@pytest.mark.parametrize(
+    ("pattern", "reads", "clock"),
+    [
+        # an unbuffered print('step', 1): four writes, one line, counted once at its end
+        (STEP, [b"step", b" ", b"1", b"\n"], [(None, 0)] * 3 + [(1, 1)] * 2),
+        # a line that straddles two reads, then a whole one in the second
+        (STEP, [b"step 1\nste", b"p 2\nstep 3\n"], [(1, 1), (3, 2), (3, 2)]),
+        # the last line has no newline: counted when the pipe ends
+        (STEP, [b"step 4\nstep 5"], [(4, 1), (5, 2)]),
+        # a progress bar redraws its line with \r: each redraw is a line
+        (STEP, [b"\r 10% step 6", b"\r 20% step 7", b"\r"], [(None, 0), (6, 1), (7, 2), (7, 2)]),
+        # ^ is a line's start, also for a line begun in an earlier read
+        (
+            "^" + STEP,
+            [b"x step 1\nst", b"ep 2\n", b"x step 3\n"],
+            [(None, 0), (2, 1), (2, 1), (2, 1)],
+        ),
+        # without a step group the first match of the read counts: one line, one tick
+        (r"loss=", [b"lo", b"ss=1\nloss=2\n"], [(None, 0), (None, 1), (None, 1)]),
+        # a 100 KiB line without an end: searched once it passes 64 KiB, not held forever
+        (STEP, [b"step 8 " + b"." * 100_000], [(8, 1), (8, 1)]),
+    ],
+    ids=[
+        "print-pieces",
+        "straddle",
+        "unended-last",
+        "carriage-return",
+        "anchored",
+        "no-step",
+        "long-line",
+    ],  # fmt: skip
+)
+def test_a_progress_line_counts_whole_however_the_reads_cut_it(tmp_path, pattern, reads, clock):
+    assert _fed_in_reads(tmp_path, pattern, reads) == clock
+
+
 def test_a_closed_router_leaves_no_descriptor_or_thread(tmp_path) -> None:
     """A router per attempt: a resident node 0 makes one per run, so each must give back its
     wake pipe, selector and threads (2 descriptors an attempt once ran a node out of them)."""

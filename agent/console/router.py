@@ -134,10 +134,7 @@ class LogRouter:
         if self._progress is None:
             state.last_progress = state.last_output
         else:
-            found = self._last_progress(data)
-            if found is not None:
-                state.last_progress = state.last_output
-                state.clock.tick(self._step_of(found), state.last_output)
+            self._progress_seen(state, self._progress_in(state, data))
         if state.stream.name == "err":
             self._keep_tail(state, data)
         if state.stream.to_console:
@@ -182,6 +179,10 @@ class LogRouter:
         return moved > 0
 
     def _finish(self, state: StreamState) -> None:
+        if state.unfinished and self._progress is not None:  # the rank's last line, unended
+            text = bytes(state.unfinished)
+            state.unfinished.clear()
+            self._progress_seen(state, self._last_progress(text, 0, len(text)))
         if state.partial and state.stream.to_console:
             self._enqueue(state, (state.stream.prefix, state.partial, b"\n"), b"\n")
             state.partial = b""
@@ -248,15 +249,47 @@ class LogRouter:
             )
         self._targets["err"].flush()
 
-    def _last_progress(self, data: bytes) -> Any:
-        """The chunk's progress match that counts: with a `step` group the last one (several
-        step lines can arrive in one read; the rank is at the latest), else the first (only
-        that one came). Linear in the chunk either way (RE2)."""
+    def _progress_in(self, state: StreamState, data: bytes) -> Any:
+        """The progress match that counts among the lines this read completes. A pattern sees
+        whole lines, never a read's pieces: an unbuffered `print('step', i)` reaches the pipe
+        as four writes, and a line can straddle two reads. A line ends at `\n` or at `\r`
+        (a progress bar redraws its line with `\r`); the unended rest waits for its end, up to
+        _MAX_PARTIAL bytes, past which it is searched as it stands (each byte is searched once,
+        so the cost stays linear)."""
+        cut = max(data.rfind(b"\n"), data.rfind(b"\r"))
+        if cut < 0:
+            state.unfinished += data
+            if len(state.unfinished) <= _MAX_PARTIAL:
+                return None
+            text = bytes(state.unfinished)
+            state.unfinished.clear()
+            return self._last_progress(text, 0, len(text))
+        found, start = None, 0
+        if state.unfinished:  # the line begun in earlier reads ends in this one
+            start = min(i for i in (data.find(b"\n"), data.find(b"\r")) if i >= 0) + 1
+            head = bytes(state.unfinished) + data[:start]
+            state.unfinished.clear()
+            found = self._last_progress(head, 0, len(head))
+        later = self._last_progress(data, start, cut + 1) if start <= cut else None
+        state.unfinished += data[cut + 1 :]
+        if found is None or (later is not None and self._step_group is not None):
+            return later
+        return found
+
+    def _progress_seen(self, state: StreamState, found: Any) -> None:
+        if found is not None:
+            state.last_progress = time.monotonic()
+            state.clock.tick(self._step_of(found), state.last_progress)
+
+    def _last_progress(self, data: bytes, start: int, end: int) -> Any:
+        """The progress match that counts in data[start:end] (whole lines): with a `step` group
+        the last one (several step lines can arrive in one read; the rank is at the latest),
+        else the first (only that one came). Linear in the bytes either way (RE2)."""
         assert self._progress is not None
         if self._step_group is None:
-            return self._progress.search(data)
+            return self._progress.search(data, start, end)
         found = None
-        for found in self._progress.finditer(data):  # noqa: B007 — the last one is wanted
+        for found in self._progress.finditer(data, start, end):  # noqa: B007 — the last one
             pass
         return found
 

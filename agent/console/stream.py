@@ -59,7 +59,8 @@ class StreamState:
     def __init__(self, stream: Stream, file_fd: int, progress: ProgressPattern | None) -> None:
         self.stream = stream
         self.file_fd = file_fd
-        self.partial = b""
+        self.partial = b""  # the console's unended line
+        self.unfinished = bytearray()  # the unended line a --progress-regex has yet to see
         self.tail = collections.deque[bytes]()
         self.tail_size = 0
         self.done = threading.Event()
