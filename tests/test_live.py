@@ -69,6 +69,9 @@ def test_live_view_has_step_columns_with_a_step_group(tmp_path):
     assert code == 0, screen
     plain = ANSI.sub("", screen)
     assert re.search(r"silent\s+step\s+s/step\s+behind", plain), plain
+    # every frame is the whole table: none drawn before the ranks and their steps were known
+    headers = re.findall(r"rank\s+host\s+state\s+pid\s+cpu %\s+rss\s+silent(\s+step)?", plain)
+    assert headers and all(headers), plain
     # a rank's row: its step, about 0.4 s per step, how many steps behind the furthest rank
     row = r"^\s*[01]\s+\S+\s+(running|exited 0)\s.*\s[1-3]\s+0\.[3-7]\d*\s+[0-2]\s*$"
     assert re.search(row, plain, re.M), plain

@@ -38,7 +38,7 @@ class LiveView:
         self.caption: Callable[[], str] = str  # node 0: the job's ranks still running
         self._saved: list = []  # the log handlers' streams while the table is up
         self._stopped = False
-        self._live = Live(  # draws once already: every field the table reads is set above
+        self._live = Live(  # renders once already: every field the table reads is set above
             console=console, refresh_per_second=2, transient=False, get_renderable=self._view
         )
         self._lock = threading.Lock()
@@ -54,7 +54,7 @@ class LiveView:
                 self._procs[worker.spec.rank] = psutil.Process(worker.proc.pid)
             except psutil.Error:
                 pass
-        self._live.start()
+        self._live.start(refresh=True)  # drawn with its rows now, not at the first tick
         self._redirect_logging()
 
     def stop(self) -> None:
