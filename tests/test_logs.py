@@ -128,7 +128,7 @@ def _fed_in_reads(tmp_path, pattern: str, reads: list[bytes]) -> list[tuple[int 
         os.write(write_end, data)
         sent += len(data)
         deadline = time.monotonic() + 10
-        while state.bytes < sent:  # read by the router: the next write is a read of its own
+        while state.bytes < sent:  # read and handled: the next write is a read of its own
             assert time.monotonic() < deadline, "router stopped reading"
             time.sleep(0.001)
         clock = router.clocks()[0]

@@ -129,7 +129,6 @@ class LogRouter:
             self._finish(state)
             return
         self._to_file(state, data)
-        state.bytes += len(data)
         state.last_output = time.monotonic()
         if self._progress is None:
             state.last_progress = state.last_output
@@ -139,6 +138,7 @@ class LogRouter:
             self._keep_tail(state, data)
         if state.stream.to_console:
             self._to_console(state, data)
+        state.bytes += len(data)  # last: a reader that sees the count sees the chunk handled
 
     def _to_file(self, state: StreamState, data: bytes) -> None:
         """Every byte to the rank's file; when the disk refuses, count the loss and go on
