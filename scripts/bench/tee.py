@@ -18,10 +18,12 @@ MODE_NAMES = {
     "pipe": "through a pipe to `cat > file` (any pipe tee's ceiling)",
     "ours": "ours, console on (→ /dev/null)",
     "ours-quiet": "ours, --console-ranks none",
+    "ours-progress": "ours, console on, --progress-regex matching every line",
     "torchrun": "torchrun --tee 3 (console → /dev/null)",
 }
 BUFFERED = {"PYTHONUNBUFFERED": ""}  # empty = unset for Python; the agent keeps an inherited value
 LINE_BYTES = 64
+PROGRESS = r"line (?P<step>\d+) "  # every line of spew.py's: each one a step
 BULK_CHUNK = 1 << 20
 
 
@@ -73,7 +75,7 @@ def unbuffered_case(lines: int) -> dict[str, Any]:
         "env": {},
         "rounds": 2,
         "direct_env": {"PYTHONUNBUFFERED": "1"},
-        "modes": ("direct", "ours"),
+        "modes": ("direct", "ours", "ours-progress"),
     }
 
 
@@ -103,7 +105,10 @@ def _commands(
         extra = ["--tee", "3", "--log-dir", str(where / "torchrun-logs")]
         cmds = launchers.torchrun(1, case["nproc"], prog, work, tag, extra, case["env"])
     else:
-        extra = ["--console-ranks", "none"] if mode == "ours-quiet" else []
+        extra = {
+            "ours-quiet": ["--console-ranks", "none"],
+            "ours-progress": ["--progress-regex", PROGRESS],
+        }.get(mode, [])
         cmds = launchers.ours(1, case["nproc"], prog, work, tag, extra, case["env"])
     return [(argv, env, devnull) for argv, env, _ in cmds]
 
