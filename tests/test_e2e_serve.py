@@ -216,22 +216,27 @@ RELEASED = (
 )
 
 
+def _children_running(agent: psutil.Process, command: str) -> list[psutil.Process]:
+    """The agent's children whose command line holds `command` (one that exits meanwhile is
+    not one of them)."""
+    found = []
+    for child in agent.children():
+        try:
+            if command in " ".join(child.cmdline()):
+                found.append(child)
+        except psutil.Error:
+            pass
+    return found
+
+
 def _zygote_of(agent: psutil.Process) -> psutil.Process:
     """The agent's warm interpreter. A rank it has just forked ahead of a run shows the same
     command line until it retitles itself (`agent-standby-rank`), so this waits for one."""
-    found: list[psutil.Process] = []
-
-    def one() -> bool:
-        found.clear()
-        for child in agent.children():
-            try:
-                if "zygote_main.py" in " ".join(child.cmdline()):
-                    found.append(child)
-            except psutil.Error:  # gone meanwhile
-                pass
-        return len(found) == 1
-
-    wait_for(one, 30, "one warm interpreter among the agent's children")
+    found = wait_for(
+        lambda: len(z := _children_running(agent, "zygote_main.py")) == 1 and z,
+        30,
+        "one warm interpreter among the agent's children",
+    )
     return found[0]
 
 
@@ -443,7 +448,7 @@ def test_a_one_node_resident_agent_hosts_its_ranks_store(tmp_path):
 
 
 def _standbys(agent: psutil.Process) -> list[int]:
-    return sorted(p.pid for p in agent.children() if "agent-standby-rank" in " ".join(p.cmdline()))
+    return sorted(p.pid for p in _children_running(agent, "agent-standby-rank"))
 
 
 def test_the_next_runs_ranks_are_forked_ahead_between_runs(tmp_path):
