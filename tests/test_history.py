@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from cluster import REPO
+from cluster import REPO, base_env
 
 from agent.history import store
 from agent.history.record import AttemptRecord, JobRecord, from_summary
@@ -62,6 +62,11 @@ SUMMARY_EARLY = {  # ended before any attempt: a node never joined
     "root_cause": {"kind": "join", "how": "node 3 never arrived"},
     "attempts": [],
 }
+SUMMARY_BYTES = {  # a script whose name is not UTF-8: Python's argv holds lone surrogates
+    "job": {"id": "80", "command": ["tr\udcffain.py", "--tag", "x\ud800"], "log_dir": "/l/\udcff"},
+    "exit_code": 0,
+    "attempts": [],
+}
 SUMMARY_GARBAGE = {
     "job": ["not", "a", "map"],
     "exit_code": "zero",
@@ -84,11 +89,13 @@ SUMMARY_GARBAGE = {
         (SUMMARY_EARLY, dict(job_id="79", start=NOW, end=NOW, nodes=4, ranks=8, exit_code=3,
                              cause="join: node 3 never arrived", restarts=0,
                              attempts=())),
+        (SUMMARY_BYTES, dict(job_id="80", command="tr\\udcffain.py --tag x\\ud800",
+                             log_dir="/l/\\udcff", status="succeeded")),
         (SUMMARY_GARBAGE, dict(job_id="local", step="", command="", exit_code=1,
                                status="failed", cause=None, restarts=1, start=NOW, end=NOW,
                                stragglers=("rank 3 on n1\x1b[31m",))),  # "n9": no record
     ],
-    ids=["ok", "restart-with-spare", "before-first-attempt", "garbage"],
+    ids=["ok", "restart-with-spare", "before-first-attempt", "file-name-bytes", "garbage"],
 )  # fmt: skip
 def test_record_from_summary(summary, expect):
     record = from_summary(summary, NOW)
@@ -357,6 +364,26 @@ def test_cli_lists_shows_and_refuses(tmp_path):
         assert bad.returncode == 2, (argv, bad.stderr)
         assert bad.stderr.count("\n") == 1 and words in bad.stderr, bad.stderr
         assert "Traceback" not in bad.stderr
+
+
+@pytest.mark.e2e
+def test_a_job_whose_script_name_is_not_utf8_is_recorded(tmp_path):
+    """A careless user's file name (latin-1 bytes) reaches argv as a lone surrogate, which
+    SQLite refuses: the job is recorded with the byte escaped, and `agent history` shows it."""
+    script = os.path.join(os.fsencode(tmp_path), b"tr\xffain.py")
+    with open(script, "w") as f:
+        f.write("print('ran')\n")
+    env = base_env(tmp_path)
+    ran = subprocess.run(
+        [sys.executable, "-m", "agent", script], cwd=tmp_path, env=env, capture_output=True,
+        text=True, errors="replace", timeout=120,
+    )  # fmt: skip
+    assert ran.returncode == 0, ran.stderr
+    assert "not recorded" not in ran.stderr, ran.stderr
+    listed = cli(tmp_path, "--json", state=tmp_path / "state")
+    assert listed.returncode == 0, listed.stderr
+    [job] = json.loads(listed.stdout)
+    assert job["command"].endswith("tr\\udcffain.py"), job
 
 
 def test_cli_reads_the_fallback_too(tmp_path):

@@ -185,6 +185,8 @@ def _text(value: Any, limit: int) -> str:
     if value is None:
         return ""
     text = " ".join(str(value).split())  # one line
+    if not text.isascii():  # a lone surrogate (a file name's non-UTF-8 byte) as its escape:
+        text = text.encode("utf-8", "backslashreplace").decode()  # SQLite holds UTF-8 only
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
