@@ -13,7 +13,7 @@ import pytest
 from cluster import FIXTURE, base_env, slurm_env
 
 from agent.control import connection
-from agent.text import printable
+from agent.text import ESCAPED, printable
 
 ESC = "\x1b"
 
@@ -31,10 +31,22 @@ ESC = "\x1b"
         ("two\nlines\tand a tab", "two\nlines\tand a tab", False),
         ("two\nlines\tand a tab", "two\\x0alines\\x09and a tab", True),
         ("ünïcödé ✓", "ünïcödé ✓", False),
+        ("no\xa0break\u3000space", "no\xa0break\u3000space", False),  # unprintable, harmless
+        ("line\u2028break\u2029", "line\\u2028break\\u2029", False),  # line separators
+        ("a\u200fb\u061cc", "a\\u200fb\\u061cc", False),  # right-to-left and Arabic marks
+        ("tr\udcffain.py", "tr\\udcffain.py", False),  # a file name's non-UTF-8 byte
     ],
 )
 def test_printable(text, shown, one_line) -> None:
     assert printable(text, one_line=one_line) == shown
+
+
+def test_every_code_point_printable_escapes_is_one_python_calls_unprintable() -> None:
+    """printable returns printable text as it is, without its table: right only while no code
+    point the table escapes is printable, and each one it holds is escaped."""
+    assert len(ESCAPED) > 2048  # the C0 and C1 controls, the surrogates, the direction marks
+    assert [hex(c) for c in sorted(ESCAPED) if chr(c).isprintable()] == []
+    assert all(printable(chr(c), one_line=True) != chr(c) for c in ESCAPED)
 
 
 @pytest.mark.parametrize(

@@ -6,7 +6,6 @@ escaped before they reach a terminal.
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -16,6 +15,7 @@ from agent.console.rank_table import RankTable
 from agent.history.liveness import KILLED_WORDS
 from agent.history.record import AttemptRecord
 from agent.history.store import Stored
+from agent.text import printable
 
 
 @dataclass(frozen=True)
@@ -54,7 +54,6 @@ ATTEMPT_COLUMNS = (
 JOB_HEADER = tuple(c.title for c in JOB_COLUMNS)
 ATTEMPT_HEADER = tuple(c.title for c in ATTEMPT_COLUMNS)
 CELL = 60  # characters of a cause or a command in a table cell (--json has them whole)
-_UNSAFE = re.compile(r"[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
 
 
 def name(stored: Stored) -> str:
@@ -200,6 +199,4 @@ def safe(value: Any, limit: int = 256) -> str:
     text = "" if value is None else str(value)
     if len(text) > limit:
         text = text[: limit - 1] + "…"
-    return _UNSAFE.sub(
-        lambda m: f"\\x{ord(m[0]):02x}" if ord(m[0]) < 0x100 else f"\\u{ord(m[0]):04x}", text
-    )
+    return printable(text, one_line=True)

@@ -9,14 +9,10 @@ from typing import Any
 
 from agent.console.router import PALETTE
 from agent.plan.log_dir import rank_file
+from agent.text import printable
 
 STREAMS = {"out": ("out",), "err": ("err",), "both": ("out", "err")}
 _MAX_PARTIAL = 1 << 16  # a line longer than this is shown in pieces
-# Not printed raw when taken from a file as metadata (hosts, summary fields): C0, DEL, C1,
-# lone surrogates (not encodable), bidi controls and line separators (they reorder or split a line)
-_UNSAFE = re.compile(
-    "[\x00-\x1f\x7f-\x9f\ud800-\udfff\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069]"
-)
 
 
 @dataclass(frozen=True)
@@ -128,14 +124,9 @@ def safe_text(value: Any, limit: int = 256, tabs: bool = False) -> str:
     text = value if isinstance(value, str) else str(value)
     if len(text) > limit:
         text = text[:limit] + "…"
-    if text.isprintable():  # no character _UNSAFE matches is printable: 32K rows' cells at once
-        return text
-    return _UNSAFE.sub(lambda m: "\t" if tabs and m[0] == "\t" else _escaped(m[0]), text)
-
-
-def _escaped(char: str) -> str:
-    code = ord(char)
-    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+    if tabs:
+        return "\t".join(printable(part, one_line=True) for part in text.split("\t"))
+    return printable(text, one_line=True)
 
 
 def selected(value: Any, chosen: Container[int] | None) -> bool:
